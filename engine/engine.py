@@ -1,0 +1,227 @@
+"""The public API: `Engine.load(path)`, then `.system1(...)`, `.generate(...)`, `.generate_stream(...)`, `.logits(...)`.
+
+Requests are served one at a time (a lock), each from a fresh sequence. The first result after a load carries the
+cold-start breakdown; later ones carry `cold_start: None`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine import models, system1, timing
+from engine.config import ModelConfig
+from engine.errors import ContextOverflow, CudaError, InvalidInput
+from engine.generation import GenerateStream
+from engine.prepare import file_sha256, open_model
+from engine.sampling import SamplingParams
+from engine.timing import Stopwatch
+from engine.tokenizer import Tokenizer
+from engine.weights import quant_mix
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SEQ = 4096
+
+
+def _choose_backend(requested: str | None) -> str:
+    choice = (requested or os.environ.get("REFLEX_BACKEND") or "auto").lower()
+    if choice not in ("auto", "cpu", "cuda"):
+        raise InvalidInput(f"backend must be auto, cpu or cuda, got {choice!r}")
+    if choice == "cuda":
+        raise CudaError("the CUDA backend is not available in this build")
+    return "cpu"
+
+
+class Engine:
+    def __init__(self, path: str, config: ModelConfig, tokenizer: Tokenizer, runner, model_info: dict,
+                 cold_start: dict, sha256: str | None):  # fmt: skip
+        self.path = path
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.backend = runner.backend
+        self.max_seq = runner.max_seq
+        self._model_info = model_info
+        self._cold_start: dict | None = cold_start
+        self._sha256 = sha256
+        self._sha_thread: threading.Thread | None = None
+        if sha256 is None:  # no prepare cache: hash the file beside the first request instead of before it
+            self._sha_thread = threading.Thread(target=self._hash_file, daemon=True)
+            self._sha_thread.start()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: str | None = None, backend: str | None = None, max_seq_len: int | None = None) -> Engine:
+        """Open a GGUF (through its prepare cache when valid), build the tokenizer and the chosen backend."""
+        from engine.bundled import default_model_path
+
+        load_start = timing.now()
+        path = os.fspath(path) if path is not None else default_model_path()
+        with Stopwatch() as open_sw:
+            opened = open_model(path)
+        gf = opened.file
+        config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
+        family = models.family(config.arch)
+        chosen = _choose_backend(backend)
+        limit = max_seq_len or int(os.environ.get("MAX_SEQ_LEN", DEFAULT_MAX_SEQ))
+        max_seq = max(1, min(limit, config.n_ctx))
+        with Stopwatch() as load_sw:
+            tokenizer = opened.tokenizer or Tokenizer.from_gguf(gf)
+            from engine.cpu.runner import CpuRunner
+
+            runner = CpuRunner(family.CpuModel(config, gf), max_seq)
+        imports_done = timing.IMPORTS_DONE if timing.IMPORTS_DONE is not None else load_start
+        cold_start = {
+            "imports_ms": (imports_done - timing.PROCESS_START) * 1000.0,
+            "gguf_open_ms": open_sw.ms,
+            "cuda_init_ms": None,
+            "model_load_ms": load_sw.ms,
+            "prepare_cache_used": opened.cache_used,
+            "process_start_to_ready_ms": timing.since_process_start_ms(),
+        }
+        info = {
+            "arch": config.arch,
+            "name": gf.metadata.get("general.name"),
+            "file": os.path.basename(path),
+            "quant_mix": quant_mix(gf),
+            "n_vocab": config.n_vocab,
+            "max_seq_len": max_seq,
+        }
+        log.info("loaded %s (%s) on %s in %.1f ms", path, config.arch, chosen, timing.ms_since(load_start))
+        return cls(path, config, tokenizer, runner, info, cold_start, opened.sha256)
+
+    # -- helpers --------------------------------------------------------------------------------------------
+
+    def _hash_file(self) -> None:
+        self._sha256 = file_sha256(self.path)
+
+    @property
+    def model_info(self) -> dict:
+        if self._sha_thread is not None:
+            self._sha_thread.join()
+            self._sha_thread = None
+        return {**self._model_info, "sha256": self._sha256[:16] if self._sha256 else None}
+
+    def _finish(self, result: dict, total_key: str, total_at: float) -> dict:
+        """Attach model, backend and (on the first result only) the cold-start breakdown."""
+        cold = None
+        if self._cold_start is not None:
+            cold = {**self._cold_start, "prompt_eval_ms": result["timings"]["prompt_eval_ms"],
+                    total_key: (total_at - timing.PROCESS_START) * 1000.0}  # fmt: skip
+            self._cold_start = None
+            cold = timing.rounded(cold)
+        result["timings"] = timing.rounded(result["timings"])
+        result.update(cold_start=cold, model=self.model_info, backend=self.backend)
+        return result
+
+    def _encode_prompt(self, prompt: str) -> list[int]:
+        if not isinstance(prompt, str):
+            raise InvalidInput("prompt must be a string")
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise InvalidInput("the prompt encodes to no tokens: there is nothing to condition on")
+        return ids
+
+    # -- public API -----------------------------------------------------------------------------------------
+
+    def system1(self, prompt: str, candidates: Sequence[str], temperature: float = 1.0) -> dict:
+        """Score each candidate continuation of `prompt` in one prefill (DESIGN.md §4)."""
+        if isinstance(candidates, str) or not candidates or not all(isinstance(c, str) for c in candidates):
+            raise InvalidInput("candidates must be a non-empty list of strings")
+        with Stopwatch() as tok_sw:
+            prompt_ids = self._encode_prompt(prompt)
+            cand_ids = system1.candidate_ids(lambda s: self.tokenizer.encode(s, add_bos=False), prompt, candidates)
+        needed = len(prompt_ids) + max(len(c) for c in cand_ids) - 1
+        if needed > self.max_seq:
+            raise ContextOverflow(needed, self.max_seq, "the prompt plus the longest candidate")
+        with self._lock:
+            self.runner.reset()
+            with Stopwatch() as prompt_sw:
+                scores = [float(s) for s in self.runner.forward(prompt_ids, "last", [c[0] for c in cand_ids])]
+            with Stopwatch() as forced_sw:
+                after_prompt = self.runner.snapshot()
+                for j, ids in enumerate(cand_ids):
+                    if len(ids) > 1:  # teacher-forced: feed all but the last token, gather each next token's logit
+                        self.runner.restore(after_prompt)
+                        scores[j] += float(np.sum(self.runner.forward(ids[:-1], "all", ids[1:]), dtype=np.float64))
+            done_at = timing.now()
+        probs = system1.probabilities(scores, temperature)
+        best = system1.best_index(probs)
+        result = {
+            "candidates": [
+                {"idx": i, "text": text, "token_ids": ids, "score": s, "probability": p}
+                for i, (text, ids, s, p) in enumerate(zip(candidates, cand_ids, scores, probs, strict=True))
+            ],
+            "best_idx": best,
+            "best_text": candidates[best],
+            "entropy_bits": system1.entropy_bits(probs),
+            "timings": {
+                "tokenize_ms": tok_sw.ms,
+                "prompt_eval_ms": prompt_sw.ms,
+                "decode_ms": forced_sw.ms,
+                "tokens_per_s": None,
+                "total_ms": tok_sw.ms + prompt_sw.ms + forced_sw.ms,
+            },
+        }
+        return self._finish(result, "process_start_to_result_ms", done_at)
+
+    def generate_stream(self, prompt: str, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                        top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | None = None):  # fmt: skip
+        """An iterator of `{"text", "token_ids"}` chunks; the full result is its `.result` once exhausted."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidInput(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        stops = list(stop or [])
+        if not all(isinstance(s, str) for s in stops):
+            raise InvalidInput("stop must be a list of strings")
+        params = SamplingParams.make(temperature, top_k, top_p, seed)
+        with Stopwatch() as tok_sw:
+            prompt_ids = self._encode_prompt(prompt)
+        if len(prompt_ids) + max_tokens > self.max_seq:
+            raise ContextOverflow(len(prompt_ids) + max_tokens, self.max_seq, "the prompt plus max_tokens")
+        return _LockedStream(self, GenerateStream(self.runner, self.tokenizer, prompt_ids, params, max_tokens,
+                                                  stops, tok_sw.ms))  # fmt: skip
+
+    def generate(self, prompt: str, **kwargs) -> dict:
+        stream = self.generate_stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def logits(self, token_ids: Sequence[int], prefill: int | None = None) -> np.ndarray:
+        """float32 (n_tokens, n_vocab): row j is the output after consuming token_ids[0..j].
+
+        The first `prefill` tokens (default: all) go through as one batch, the rest one at a time through the
+        decode path, which is how the fixtures' greedy-step rows were made.
+        """
+        ids = [int(t) for t in token_ids]
+        if not ids or any(not 0 <= t < self.config.n_vocab for t in ids):
+            raise InvalidInput(f"token_ids must be a non-empty list of ids in [0, {self.config.n_vocab})")
+        if len(ids) > self.max_seq:
+            raise ContextOverflow(len(ids), self.max_seq, "token_ids")
+        n = len(ids) if prefill is None else max(1, min(prefill, len(ids)))
+        with self._lock:
+            self.runner.reset()
+            rows = [self.runner.forward(ids[:n], "all")]
+            rows += [self.runner.forward([t], "last")[None, :] for t in ids[n:]]
+        return np.concatenate(rows).astype(np.float32, copy=False)
+
+
+class _LockedStream:
+    """Holds the engine's lock while the generation runs and finishes the result when it ends."""
+
+    def __init__(self, engine: Engine, stream: GenerateStream):
+        self.engine = engine
+        self.stream = stream
+        self.result: dict | None = None
+
+    def __iter__(self):
+        with self.engine._lock:
+            self.engine.runner.reset()
+            yield from self.stream
+        first = self.stream.first_token_at
+        self.result = self.engine._finish(self.stream.result, "process_start_to_first_token_ms", first)

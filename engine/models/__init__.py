@@ -1,0 +1,18 @@
+"""One module per architecture family; `family(arch)` picks the module for a GGUF's `general.architecture`."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from engine.errors import UnsupportedArchitecture
+
+_FAMILIES = {"qwen3": "dense", "llama": "dense"}
+
+
+def family(arch: str) -> ModuleType:
+    name = _FAMILIES.get(arch)
+    if name is None:
+        raise UnsupportedArchitecture(f"architecture '{arch}' is not supported (supported: {', '.join(_FAMILIES)})")
+    import importlib
+
+    return importlib.import_module(f"engine.models.{name}")

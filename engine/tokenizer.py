@@ -1,0 +1,467 @@
+"""Byte-level BPE tokenizer rebuilt from GGUF `tokenizer.*` metadata; token ids match llama.cpp's exactly.
+
+llama.cpp tokenizes in three steps, mirrored here:
+1. special-token partition: the texts of CONTROL / USER_DEFINED / UNKNOWN tokens are cut out of the input
+   literally, longest first (`_partition`);
+2. every remaining fragment is split by the regexes of its `tokenizer.ggml.pre`, applied in sequence (each regex
+   splits the pieces of the previous one), and byte-mapped with GPT-2's bytes_to_unicode;
+3. rank-ordered BPE merges within each piece.
+Steps 2-3 run in HF `tokenizers` (Split* -> ByteLevel -> BPE) with no normalizer (llama.cpp applies no NFC); where
+HF and llama.cpp differ, `_onig` and `Tokenizer._build_hf` say how that is bridged. Decoding is done here from the
+token texts, as llama.cpp's token_to_piece / detokenize do.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import gc
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from tokenizers import Regex, models, pre_tokenizers
+from tokenizers import Tokenizer as _HFTokenizer
+
+from engine.errors import TokenizerError
+
+log = logging.getLogger(__name__)
+
+# llama_token_attr bits. GGUF token_type 0..6 = undefined, normal, unknown, control, user-defined, unused, byte.
+UNDEFINED, UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 4, 8, 16, 32
+_ATTR_OF_TYPE = np.array([UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint8)
+_MATCHED = CONTROL | USER_DEFINED | UNKNOWN  # cut out of the input text before BPE
+_HIDDEN = CONTROL | UNKNOWN  # rendered as nothing unless special rendering is asked for
+
+# Pre-tokenizer regexes, as llama.cpp's llm_tokenizer_bpe lists them.
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_APOS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3 = _APOS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN2 = _APOS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_QWEN35 = _APOS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# DeepSeek-LLM's cased-letter class. Greek Extended and Letterlike Symbols are escaped because several of their
+# code points (U+1FBE, U+2126, U+212A, the oxia vowels) are canonical singletons that editors silently normalise.
+_DS_LETTERS = (
+    "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-"
+    "\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4"
+    "\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc"
+    "\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
+    "\u2145-\u2149\u214e\u2183\u2184"
+    "Ⰰ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃"
+)
+_DEEPSEEK_LLM = [
+    "[\r\n]",
+    r"\s?[" + _DS_LETTERS + "]+",
+    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    r"\s+$",
+    "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+    r"\p{N}+",
+]
+_DEEPSEEK3 = [
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
+    r"""| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+]
+_DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"]
+
+# pre name -> (regexes, clean_spaces, ignore_merges, add_bos when the GGUF has no add_bos_token), per llama.cpp.
+_PRE: dict[str, tuple[list[str], bool, bool, bool]] = {
+    "default": (_DEFAULT, True, False, False),
+    "gpt-2": ([_GPT2], True, False, False),
+    "llama3": ([_LLAMA3], True, True, True),
+    "qwen2": ([_QWEN2], False, False, False),
+    "qwen35": ([_QWEN35], False, False, False),
+    "smollm": ([r"\p{N}", _GPT2], False, False, False),
+    "deepseek-llm": (_DEEPSEEK_LLM, False, False, False),
+    "deepseek-v3": (_DEEPSEEK3, False, False, False),
+}
+# "gpt2" is no llama.cpp name (it says "gpt-2") but is accepted
+_ALIASES = {"gpt2": "gpt-2", "llama-v3": "llama3", "llama-bpe": "llama3", "deepseek-r1-qwen": "qwen2"}
+_PRE |= {alias: _PRE[name] for alias, name in _ALIASES.items()}
+
+# Token texts llama.cpp treats as end-of-generation (and forces to CONTROL), whatever the GGUF says. That includes
+# "</s>", also where it is an ordinary token (Qwen's 128247).
+_EOG_TEXTS = frozenset(
+    (
+        *("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "</s>"),
+        *("<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>"),
+        *("<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~["),
+    )
+)
+# FIM slots llama.cpp fills by token text when the id key is absent; such tokens are forced to CONTROL, and the
+# pad / repo / file-separator ones also end generation.
+_FIM_TEXTS = {
+    "fim_pre": "<|fim_prefix|> <fim-prefix> <fim_prefix> <｜fim▁begin｜> <PRE> ▁<PRE> <|code_prefix|> <|prefix|>",
+    "fim_suf": "<|fim_suffix|> <fim-suffix> <fim_suffix> <｜fim▁hole｜> <SUF> ▁<SUF> <|code_suffix|> <|suffix|>",
+    "fim_mid": "<|fim_middle|> <fim-middle> <fim_middle> <｜fim▁end｜> <MID> ▁<MID> <|code_middle|> <|middle|>",
+    "fim_pad": "<|fim_pad|> <fim-pad> <fim_pad> <PAD> [PAD]",
+    "fim_rep": "<|fim_repo|> <|repo_name|> <fim-repo> <REPO> <reponame>",
+    "fim_sep": "<|file_sep|>",
+}
+_FIM_EOG = ("fim_pad", "fim_rep", "fim_sep")
+_LOOKED_UP = _EOG_TEXTS.union(*(v.split() for v in _FIM_TEXTS.values()))
+
+# Code points that HF's Oniguruma (Unicode 16) assigns a category but llama.cpp's tables (Unicode 15.1) leave
+# unassigned: the Unicode 16.0 additions. Keeping them out of every \p{..} makes both treat them as unassigned.
+_UNICODE_16 = (
+    "\u0897\u1b4e-\u1b4f\u1b7f\u1c89-\u1c8a\u2427-\u2429\u31e4-\u31e5\ua7cb-\ua7cd\ua7da-\ua7dc"
+    "\U000105c0-\U000105f3\U00010d40-\U00010d65\U00010d69-\U00010d85\U00010d8e-\U00010d8f\U00010ec2-\U00010ec4"
+    "\U00010efc\U00011380-\U00011389\U0001138b\U0001138e\U00011390-\U000113b5\U000113b7-\U000113c0\U000113c2"
+    "\U000113c5\U000113c7-\U000113ca\U000113cc-\U000113d5\U000113d7-\U000113d8\U000113e1-\U000113e2"
+    "\U000116d0-\U000116e3\U00011bc0-\U00011be1\U00011bf0-\U00011bf9\U00011f5a\U00013460-\U000143fa"
+    "\U00016100-\U00016139\U00016d40-\U00016d79\U00018cff\U0001cc00-\U0001ccf9\U0001cd00-\U0001ceb3"
+    "\U0001e5d0-\U0001e5fa\U0001e5ff\U0001f8b2-\U0001f8bb\U0001f8c0-\U0001f8c1\U0001fa89\U0001fa8f\U0001fabe"
+    "\U0001fac6\U0001fadc\U0001fadf\U0001fae9\U0001fbcb-\U0001fbef"
+)
+_NON_ASCII_SPACE = "\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"  # llama.cpp's, = White_Space
+_CACHE_MAGIC = b"engine.tokenizer/2\n"
+# what a Tokenizer is built from besides tokens / attrs / merges (and its cache stores)
+_META_KEYS = ("pre", "regexes", "clean_spaces", "ignore_merges", "chat_template", "bos_id", "eos_id", "eog_ids")
+_META_KEYS += ("add_bos", "add_eos")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 bytes_to_unicode, inverted: printable bytes stand for themselves, the other 68 for U+0100 + n."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    rest = [b for b in range(256) if b not in keep]
+    return {**{chr(b): b for b in keep}, **{chr(0x100 + n): b for n, b in enumerate(rest)}}
+
+
+_BYTE_OF = _byte_decoder()
+
+
+def _onig(regex: str) -> str:
+    """Rewrite a llama.cpp pre-tokenizer regex so that Oniguruma (HF) splits like llama.cpp does.
+
+    llama.cpp matches a regex naming Unicode categories against its own (Unicode 15.1) tables: keep the Unicode 16
+    additions out of each \\p{..}. A regex without categories runs in std::wregex on code points where every
+    non-ASCII whitespace became U+000B: such characters then match no bracket class (DeepSeek's CJK ranges span
+    U+2028 and U+3000), and `$` means the end of the piece."""
+    if "\\p{" in regex:
+        return re.sub(r"\\p\{([LNPSM])\}", lambda m: f"[\\p{{{m[1]}}}&&[^{_UNICODE_16}]]", regex)
+    assert "\\]" not in regex  # every "]" closes a bracket class
+    regex = regex.replace("]", "&&[^" + _NON_ASCII_SPACE + "]]")
+    return regex[:-1] + r"\z" if regex.endswith("$") else regex
+
+
+def _clean_spaces(text: str) -> str:
+    """llama.cpp's clean_up_tokenization_spaces passes (detokenize, when the vocab sets clean_spaces)."""
+    text = re.sub(r" (?=[?!.,])", "", text)
+    text = text.replace(" ' ", "'")
+    return re.sub(r" (?='(?:[sm]|re|ve))", "", text)
+
+
+def _stable_cut(text: str) -> int:
+    """Longest prefix whose space cleanup cannot change with more text: a cleanup pattern starts with a space and
+    spans at most 4 characters, so the prefix must not have a space among its last 3 characters."""
+    cut = len(text)
+    while (j := text.rfind(" ", max(0, cut - 3), cut)) >= 0:
+        cut = j
+    return cut
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Building ~450k strings and tuples otherwise sets off repeated GC passes over them (~25 ms of ~300)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _key(md: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    return md.get("tokenizer.ggml." + name, default)
+
+
+def _attrs_from(types: Any, n: int) -> np.ndarray:
+    """GGUF token_type (absent: all normal) -> (n,) uint8 llama_token_attr bits."""
+    if types is None:
+        return np.full(n, NORMAL, dtype=np.uint8)
+    types = np.asarray(types, dtype=np.int64)
+    if types.ndim != 1 or len(types) < n:
+        raise TokenizerError(f"tokenizer.ggml.token_type has {types.size} entries for {n} tokens")
+    types = types[:n]
+    known = (types >= 0) & (types < len(_ATTR_OF_TYPE))
+    return np.where(known, _ATTR_OF_TYPE[np.where(known, types, 0)], UNDEFINED).astype(np.uint8)
+
+
+def _resolve_control_tokens(token_id: Any, vocab: Mapping[str, int], attrs: np.ndarray) -> set[int]:
+    """llama.cpp's by-text special-token detection: returns the end-of-generation ids and makes control-looking
+    tokens CONTROL in `attrs`. `token_id(key)` reads an id key of the GGUF (None when absent)."""
+    by_text = {t: vocab[t] for t in _LOOKED_UP if t in vocab}
+    eog = {token_id(k) for k in ("eos_token_id", "eot_token_id", "eom_token_id")}
+    for slot, texts in _FIM_TEXTS.items():
+        found = [token_id(slot + "_token_id")]
+        if found[0] is None:
+            found = [by_text[t] for t in texts.split() if t in by_text]
+            attrs[found] |= CONTROL
+        if slot in _FIM_EOG:
+            eog.update(found)
+    for t in _EOG_TEXTS & by_text.keys():
+        eog.add(by_text[t])
+        attrs[by_text[t]] |= CONTROL
+    eog.discard(None)
+    # (llama.cpp's later exceptions for gpt-oss' <|end|> and Gemma-4's </s> concern vocabularies not supported here)
+    return eog
+
+
+class Tokenizer:
+    """Encode text to llama.cpp token ids and decode ids back to text (llama.cpp semantics throughout).
+
+    Build with `from_gguf` / `from_metadata`, or `from_cache_bytes` on the output of `to_cache_bytes`.
+    """
+
+    def __init__(self, tokens: list[str], attrs: np.ndarray, merges: list[tuple[str, str]], meta: dict[str, Any]):
+        # attrs: (vocab_size,) uint8 llama_token_attr bits; meta: the _META_KEYS.
+        self._tokens, self._attrs, self._merges, self._meta = tokens, attrs, merges, meta
+        self.vocab_size = len(tokens)
+        self.bos_id: int | None = meta["bos_id"]
+        self.eos_id: int | None = meta["eos_id"]
+        self.eog_ids: frozenset[int] = frozenset(meta["eog_ids"])
+        self.add_bos: bool = meta["add_bos"]
+        self.add_eos: bool = meta["add_eos"]
+        self.chat_template: str | None = meta["chat_template"]
+        self.pre: str = meta["pre"]
+        self._clean: bool = meta["clean_spaces"]
+        self._pieces: dict[tuple[int, bool], bytes] = {}
+        # llama.cpp sorts by byte length, longest first; ties by id keep the order deterministic.
+        special = np.flatnonzero(attrs & _MATCHED).tolist()
+        special.sort(key=lambda i: (-len(tokens[i].encode()), i))
+        self._special = [(tokens[i], i, bool(attrs[i] & _HIDDEN)) for i in special]
+        self._hf = self._build_hf()
+
+    @classmethod
+    def from_gguf(cls, gguf_file: Any) -> Tokenizer:
+        """From a parsed GGUF file (anything with a `.metadata` mapping)."""
+        return cls.from_metadata(gguf_file.metadata)
+
+    @classmethod
+    @_gc_paused()
+    def from_metadata(cls, md: Mapping[str, Any]) -> Tokenizer:
+        """From GGUF metadata: str -> str / list[str] / 1-D numeric array or list / scalar."""
+        model = _key(md, "model")
+        if model is None:
+            raise TokenizerError("GGUF metadata has no tokenizer.ggml.model")
+        if model != "gpt2":
+            raise TokenizerError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); only 'gpt2' is")
+        pre = _key(md, "pre") or "default"  # llama.cpp falls back to 'default' (with a warning)
+        if pre not in _PRE:
+            raise TokenizerError(f"unknown pre-tokenizer {pre!r} (tokenizer.ggml.pre)")
+        regexes, clean_spaces, ignore_merges, add_bos_default = _PRE[pre]
+        for name in ("tokens", "merges"):
+            if _key(md, name) is None:
+                raise TokenizerError(f"GGUF metadata has no tokenizer.ggml.{name}")
+        # llama.cpp renames empty tokens and refuses duplicates, so that every text maps to one id.
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(_key(md, "tokens"))]
+        n = len(tokens)
+        vocab = dict(zip(tokens, range(n), strict=True))
+        if len(vocab) != n:
+            dup = next(t for i, t in enumerate(tokens) if vocab[t] != i)
+            raise TokenizerError(f"duplicate token in tokenizer.ggml.tokens: {dup!r}")
+        attrs = _attrs_from(_key(md, "token_type"), n)
+
+        def token_id(name: str) -> int | None:
+            v = _key(md, name)
+            if v is not None and not 0 <= int(v) < n:
+                log.warning("tokenizer.ggml.%s = %s is outside the vocabulary; ignored", name, v)
+                v = None
+            return None if v is None else int(v)
+
+        eog = _resolve_control_tokens(token_id, vocab, attrs)
+        meta = {
+            "pre": pre,
+            "regexes": regexes,
+            "clean_spaces": clean_spaces,
+            "ignore_merges": ignore_merges,
+            "bos_id": token_id("bos_token_id"),
+            "eos_id": token_id("eos_token_id"),
+            "eog_ids": sorted(eog),
+            "add_bos": bool(_key(md, "add_bos_token", add_bos_default)),
+            "add_eos": bool(_key(md, "add_eos_token", False)),
+            "chat_template": md.get("tokenizer.chat_template"),
+        }
+        for flag, tok in (("add_bos", "bos_id"), ("add_eos", "eos_id")):
+            if meta[flag] and meta[tok] is None:
+                raise TokenizerError(
+                    f"tokenizer.ggml.{flag}_token is true but tokenizer.ggml.{tok[:3]}_token_id is missing"
+                )
+        return cls(tokens, attrs, _merge_pairs(_key(md, "merges")), meta)
+
+    def _build_hf(self) -> _HFTokenizer:
+        # llama.cpp merges symbols whether or not they are tokens: a byte character or merge result that is no token
+        # still blocks or takes part in merges, and only at the end is spelled as the tokens of its ASCII bytes (or
+        # dropped). HF drops unknown characters first and refuses such merges, so they get ids past the vocabulary,
+        # which `encode` spells out (self._spell).
+        n, merges = self.vocab_size, self._merges
+        vocab = dict(zip(self._tokens, range(n), strict=True))
+
+        def bpe(extra: list[str]) -> tuple[dict[str, int], models.BPE]:
+            phantoms = dict(zip(extra, range(n, n + len(extra)), strict=True))
+            return phantoms, models.BPE(
+                vocab=vocab | phantoms, merges=merges, ignore_merges=self._meta["ignore_merges"]
+            )
+
+        extra = [c for c in _BYTE_OF if c not in vocab]
+        try:
+            phantoms, model = bpe(extra)
+        except Exception:  # tokenizers raises a bare Exception for a merge outside its vocabulary
+            phantoms, model = bpe(
+                list(dict.fromkeys(extra + [s for m in merges for s in (*m, "".join(m)) if s not in vocab]))
+            )
+        ascii_ids = {b: vocab[chr(b)] for b in range(128) if chr(b) in vocab}  # llama.cpp looks up single bytes
+        self._spell = {i: [ascii_ids[b] for b in s.encode() if b in ascii_ids] for s, i in phantoms.items()}
+        hf = _HFTokenizer(model)
+        splits = [pre_tokenizers.Split(Regex(_onig(r)), behavior="isolated") for r in self._meta["regexes"]]
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
+        return hf
+
+    def to_cache_bytes(self) -> bytes:
+        """One self-contained blob from which `from_cache_bytes` rebuilds this tokenizer: a magic line, a JSON line
+        (meta, sparse attrs) and the token and merge strings joined by a separator none of them contains (much
+        faster to load than JSON lists)."""
+        strings = [*self._tokens, *(s for pair in self._merges for s in pair)]  # merges flat: left0, right0, ...
+        everything = "".join(strings)
+        sep = next((c for c in map(chr, (10, *range(1, 10))) if c not in everything), None)
+        if sep is None:
+            raise TokenizerError("no separator character is free for the tokenizer cache")
+        odd = np.flatnonzero(self._attrs != NORMAL)  # attrs are NORMAL almost everywhere: store the exceptions
+        header = {**self._meta, "attrs": [odd.tolist(), self._attrs[odd].tolist()], "n_tokens": self.vocab_size}
+        header["n_strings"] = len(strings)
+        return _CACHE_MAGIC + json.dumps({**header, "sep": sep}).encode() + b"\n" + sep.join(strings).encode()
+
+    @classmethod
+    @_gc_paused()
+    def from_cache_bytes(cls, data: bytes) -> Tokenizer:
+        """Rebuild from `to_cache_bytes` output, without the GGUF metadata."""
+        if not data.startswith(_CACHE_MAGIC):
+            raise TokenizerError(f"not a tokenizer cache (expected it to start with {_CACHE_MAGIC!r})")
+        try:
+            header, table = data[len(_CACHE_MAGIC) :].split(b"\n", 1)
+            state = json.loads(header)
+            n, strings = state["n_tokens"], table.decode().split(state["sep"]) if table else []
+            if len(strings) != state["n_strings"]:
+                raise ValueError(f"{len(strings)} strings, expected {state['n_strings']}")
+            tokens, flat = strings[:n], iter(strings[n:])
+            attrs = np.full(n, NORMAL, dtype=np.uint8)
+            attrs[np.asarray(state["attrs"][0], dtype=np.int64)] = state["attrs"][1]
+            merges = list(zip(flat, flat, strict=True))
+            meta = {k: state[k] for k in _META_KEYS}
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise TokenizerError(f"tokenizer cache is damaged: {e!r}") from e
+        return cls(tokens, attrs, merges, meta)
+
+    def encode(
+        self, text: str, add_bos: bool | None = None, add_eos: bool | None = None, parse_special: bool = True
+    ) -> list[int]:
+        """Token ids of `text`. add_bos / add_eos None: as the GGUF says. parse_special False: CONTROL tokens
+        are not recognised in the text (USER_DEFINED ones still are, as in llama.cpp)."""
+        ids: list[int] = []
+        parts = self._partition(text, parse_special)
+        raw = [p for p in parts if isinstance(p, str)]
+        encoded = iter(self._hf.encode_batch_fast(raw, add_special_tokens=False) if raw else ())
+        for p in parts:
+            ids.extend(next(encoded).ids if isinstance(p, str) else (p,))
+        if self._spell:
+            ids = [j for i in ids for j in self._spell.get(i, (i,))]
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        if (self.add_eos if add_eos is None else add_eos) and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return ids
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """llama.cpp's tokenizer_st_partition: for each special token, longest first, split every remaining text
+        fragment at all its occurrences. Longest-first per token (not leftmost-longest) is what llama.cpp does."""
+        parts: list[str | int] = [text] if text else []
+        for tok_text, tok_id, hidden in self._special:
+            if (hidden and not parse_special) or tok_text not in text:
+                continue
+            out: list[str | int] = []
+            for p in parts:
+                if not isinstance(p, str) or tok_text not in p:
+                    out.append(p)
+                    continue
+                for k, piece in enumerate(p.split(tok_text)):
+                    if k:
+                        out.append(tok_id)
+                    if piece:
+                        out.append(piece)
+            parts = out
+        return parts
+
+    def token_text(self, token_id: int) -> str:
+        """The token's text as stored in the GGUF (byte-level form, e.g. 'Ġworld')."""
+        return self._tokens[token_id]
+
+    def piece(self, token_id: int, skip_special: bool = True) -> bytes:
+        """llama.cpp token_to_piece: the bytes a token stands for. CONTROL/UNKNOWN tokens are empty unless
+        skip_special is False; USER_DEFINED tokens are their literal text; UNUSED/UNDEFINED are always empty."""
+        key = (token_id, skip_special)
+        if (b := self._pieces.get(key)) is None:
+            if not 0 <= token_id < self.vocab_size:
+                raise TokenizerError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+            attr, text = int(self._attrs[token_id]), self._tokens[token_id]
+            if attr & _HIDDEN:
+                b = b"" if skip_special else text.encode()
+            elif attr & USER_DEFINED:
+                b = text.encode()
+            elif attr & NORMAL:
+                # a character outside the byte map cannot come from a byte-level vocab; keep its UTF-8
+                b = b"".join(bytes([_BYTE_OF[c]]) if c in _BYTE_OF else c.encode() for c in text)
+            elif attr & BYTE:
+                b = bytes([int(text[3:5], 16)])  # "<0xAB>"
+            else:
+                b = b""
+            self._pieces[key] = b
+        return b
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """llama.cpp detokenize; invalid UTF-8 becomes U+FFFD."""
+        text = b"".join(self.piece(int(i), skip_special) for i in ids).decode("utf-8", errors="replace")
+        return _clean_spaces(text) if self._clean else text
+
+    def stream_decoder(self, skip_special: bool = True) -> StreamDecoder:
+        """A fresh incremental decoder for one generated sequence."""
+        return StreamDecoder(self, skip_special)
+
+
+class StreamDecoder:
+    """Incremental decode: `push` returns only newly completed text; a UTF-8 character split across tokens is held
+    back until whole. The concatenation of all pushes and `flush` equals `Tokenizer.decode` of the same ids."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True) -> None:
+        self._tok, self._skip = tokenizer, skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = ""  # decoded text whose space cleanup still depends on what follows
+
+    def push(self, token_id: int) -> str:
+        return self._emit(self._utf8.decode(self._tok.piece(int(token_id), self._skip)), final=False)
+
+    def flush(self) -> str:
+        return self._emit(self._utf8.decode(b"", final=True), final=True)
+
+    def _emit(self, new: str, final: bool) -> str:
+        if not self._tok._clean:
+            return new
+        text = self._held + new
+        cut = len(text) if final else _stable_cut(text)
+        self._held = text[cut:]
+        # cleanup of consecutive stable prefixes concatenates: no pattern crosses a cut (see _stable_cut)
+        return _clean_spaces(text[:cut])
+
+
+def _merge_pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
+    """'left right' -> (left, right). llama.cpp splits at the first space after position 0; plain split differs only
+    for a merge that starts with a space or has none (llama.cpp's ("", "") then, which never applies: dropped)."""
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    if any(len(p) != 2 or not p[0] for p in pairs):
+        pairs = [(m[:i], m[i + 1 :]) for m in merges if (i := m.find(" ", 1)) > 0 and i + 1 < len(m)]
+    return pairs  # type: ignore[return-value]

@@ -1,0 +1,132 @@
+"""Engine API semantics (DESIGN.md §4) on the NumPy backend with a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.engine import Engine
+from engine.errors import ContextOverflow, InvalidInput
+from engine.sampling import SamplingParams, sample
+from tests import conformance as C
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.load(C.fixture_path("qwen3-tiny-f32", ".gguf"), backend="cpu", max_seq_len=64)
+
+
+def test_system1_scores_are_raw_logits_and_teacher_forced_sums(engine):
+    cands = [" Paris", " London", " the city of lights"]
+    r = engine.system1(PROMPT, cands, temperature=0.7)
+    prompt_ids = engine.tokenizer.encode(PROMPT)
+    for c in r["candidates"]:
+        ids = c["token_ids"]
+        assert engine.tokenizer.encode(PROMPT + c["text"]) == prompt_ids + ids
+        rows = engine.logits(prompt_ids + ids[:-1])[len(prompt_ids) - 1 :]
+        want = sum(float(rows[k, t]) for k, t in enumerate(ids))
+        assert math.isclose(c["score"], want, rel_tol=0, abs_tol=1e-4)
+    scores = np.array([c["score"] for c in r["candidates"]]) / 0.7
+    p = np.exp(scores - scores.max())
+    p /= p.sum()
+    assert np.allclose([c["probability"] for c in r["candidates"]], p)
+    assert math.isclose(r["entropy_bits"], float(-(p * np.log2(p)).sum()), abs_tol=1e-9)
+    assert r["best_idx"] == int(np.argmax(p)) and r["best_text"] == cands[r["best_idx"]]
+    assert len(cands) > 1 and len(r["candidates"][2]["token_ids"]) > 1  # a multi-token candidate was exercised
+
+
+def test_system1_ties_go_to_the_last_maximum(engine):
+    r = engine.system1(PROMPT, [" Paris", " Paris"])
+    assert r["best_idx"] == 1
+    assert math.isclose(r["entropy_bits"], 1.0)
+
+
+def test_system1_rejects_bad_candidates(engine):
+    with pytest.raises(InvalidInput, match="clean continuation"):
+        engine.system1("The capital of Fra", ["nce"])  # "Fra" + "nce" re-tokenizes the prompt's last word
+    with pytest.raises(InvalidInput, match="adds no tokens"):
+        engine.system1(PROMPT, [""])
+    for bad in ([], "Paris", [1]):
+        with pytest.raises(InvalidInput):
+            engine.system1(PROMPT, bad)
+    with pytest.raises(InvalidInput, match="temperature"):
+        engine.system1(PROMPT, [" Paris"], temperature=0.0)
+
+
+def test_first_result_has_cold_start_then_none():
+    e = Engine.load(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), backend="cpu", max_seq_len=64)
+    first = e.generate(PROMPT, max_tokens=2)
+    cold = first["cold_start"]
+    for key in ("imports_ms", "gguf_open_ms", "model_load_ms", "prompt_eval_ms", "process_start_to_ready_ms",
+                "process_start_to_first_token_ms"):  # fmt: skip
+        assert isinstance(cold[key], float) and cold[key] >= 0, key
+    assert cold["process_start_to_first_token_ms"] >= cold["process_start_to_ready_ms"]
+    assert e.system1(PROMPT, [" Paris"])["cold_start"] is None
+    assert first["backend"] == "cpu" and first["model"]["arch"] == "qwen3" and len(first["model"]["sha256"]) == 16
+
+
+def test_greedy_generate_matches_logits(engine):
+    out = engine.generate(PROMPT, max_tokens=6)
+    ids = engine.tokenizer.encode(PROMPT)
+    for t in out["token_ids"]:
+        assert t == int(np.argmax(engine.logits(ids)[-1]))
+        ids.append(t)
+    assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": len(out["token_ids"])}
+    assert out["finish_reason"] in ("length", "stop")
+
+
+def test_stream_chunks_concatenate_to_the_result(engine):
+    for stop in ([], ["e"], ["the ", "xyz"]):
+        s = engine.generate_stream(PROMPT, max_tokens=12, temperature=0.9, seed=3, stop=stop)
+        chunks = list(s)
+        assert "".join(c["text"] for c in chunks) == s.result["text"]
+        assert [t for c in chunks for t in c["token_ids"]] == s.result["token_ids"]
+        for st in stop:
+            assert st not in s.result["text"]
+
+
+def test_stop_string_cuts_the_text(engine):
+    full = engine.generate(PROMPT, max_tokens=12, temperature=0.8, seed=11)
+    text = full["text"]
+    if len(text) < 4:
+        pytest.skip("the sample is too short to cut")
+    stop = text[2:4]
+    cut = engine.generate(PROMPT, max_tokens=12, temperature=0.8, seed=11, stop=[stop])
+    assert cut["finish_reason"] == "stop"
+    assert cut["text"] == text[: text.find(stop)]
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    a = engine.generate(PROMPT, max_tokens=8, temperature=1.0, top_k=40, top_p=0.9, seed=1234)
+    b = engine.generate(PROMPT, max_tokens=8, temperature=1.0, top_k=40, top_p=0.9, seed=1234)
+    assert a["token_ids"] == b["token_ids"]
+
+
+def test_context_overflow_is_rejected_before_running(engine):
+    with pytest.raises(ContextOverflow, match="context length exceeded"):
+        engine.generate(PROMPT, max_tokens=100)
+    with pytest.raises(ContextOverflow):
+        engine.logits(list(range(65)))
+    with pytest.raises(InvalidInput):
+        engine.generate(PROMPT, max_tokens=0)
+    with pytest.raises(InvalidInput):
+        engine.generate(PROMPT, temperature=-1)
+    with pytest.raises(InvalidInput):
+        engine.logits([1 << 20])
+
+
+def test_sampler_filters():
+    logits = np.array([1.0, 3.0, 2.0, 3.0, -1.0], np.float32)
+    assert sample(logits, SamplingParams(0.0), 0) == 1  # greedy: lowest id among the maxima
+    picks = {sample(logits, SamplingParams(1.0, top_k=2, seed=s), 0) for s in range(200)}
+    assert picks == {1, 3}  # ids 1 and 3 tie at the top
+    picks = {sample(logits, SamplingParams(1.0, top_k=3, seed=s), 0) for s in range(300)}
+    assert picks == {1, 2, 3}
+    picks = {sample(logits, SamplingParams(1.0, top_p=0.5, seed=s), 0) for s in range(200)}
+    assert picks == {1, 3}
+    with pytest.raises(InvalidInput):
+        SamplingParams(1.0, top_p=0.0)
