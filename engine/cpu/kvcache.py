@@ -27,6 +27,14 @@ class KVCache:
             grown[:, :cap] = old
             setattr(self, name, grown)
 
+    def snapshot(self) -> None:
+        # Entries are indexed by position, so going back to a position needs no saved data: later writes to
+        # positions past it are simply overwritten or never read. Caches with recurrent state return a copy here.
+        return None
+
+    def restore(self, state: None) -> None:
+        pass
+
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store k/v of positions start..start+n-1 and return views of positions 0..start+n-1."""
         end = start + k.shape[0]

@@ -29,14 +29,12 @@ class CpuRunner:
         self.position = 0
 
     def snapshot(self) -> object:
-        # Attention caches are indexed by position, so returning to a position needs nothing but the position;
-        # families with recurrent state keep it in the cache, which then snapshots it.
-        return self.position, self.cache.snapshot() if hasattr(self.cache, "snapshot") else None
+        """The state after the current position, to `restore` after feeding tokens that are to be forgotten."""
+        return self.position, self.cache.snapshot()
 
     def restore(self, state: object) -> None:
         self.position, cache_state = state
-        if cache_state is not None:
-            self.cache.restore(cache_state)
+        self.cache.restore(cache_state)
 
     def forward(self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | None = None) -> np.ndarray | None:
         """Consume `ids` at the current position and return logits.
