@@ -19,46 +19,14 @@ import engine.cpu.dequant as dq
 from engine.cpu.dequant import dequantize, dequantize_rows
 from engine.errors import GGUFError, InvalidInput, UnsupportedArchitecture
 from engine.quants import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, row_bytes, type_name
+from tests.quant_data import SCALE_OFFSETS, random_tensor
 
 TYPES = sorted(SUPPORTED_TYPES)
-
-# Byte offsets of the f16 scale fields inside one block; random bytes there could be inf/NaN.
-SCALE_OFFSETS = {
-    GGMLType.Q8_0: (0,),
-    GGMLType.Q4_0: (0,),
-    GGMLType.Q4_1: (0, 2),
-    GGMLType.Q5_0: (0,),
-    GGMLType.Q5_1: (0, 2),
-    GGMLType.Q4_K: (0, 2),
-    GGMLType.Q5_K: (0, 2),
-    GGMLType.Q6_K: (208,),
-}
 
 
 @pytest.fixture
 def seed() -> int:
     return int(os.environ.get("DEQUANT_SEED") or np.random.default_rng().integers(2**63))
-
-
-def random_normals(rng: np.random.Generator, n: int, dtype: type) -> np.ndarray:
-    """(n,) finite values of dtype, normal with magnitudes from 2**-20 to 2**5 (f16 subnormals included)."""
-    return (rng.normal(size=n) * 2.0 ** rng.integers(-20, 6, size=n)).astype(dtype)
-
-
-def random_tensor(rng: np.random.Generator, ggml_type: GGMLType, shape: tuple[int, ...]) -> np.ndarray:
-    """(n_bytes,) u8: a well-formed tensor of `shape`; random quants, finite scales and values."""
-    n_values = math.prod(shape)
-    if ggml_type == GGMLType.F32:
-        return random_normals(rng, n_values, np.float32).view(np.uint8)
-    if ggml_type == GGMLType.F16:
-        return random_normals(rng, n_values, np.float16).view(np.uint8)
-    if ggml_type == GGMLType.BF16:
-        return (random_normals(rng, n_values, np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    block, type_size = BLOCK_SIZES[ggml_type]
-    blocks = rng.integers(0, 256, size=(n_values // block, type_size), dtype=np.uint8)
-    for offset in SCALE_OFFSETS[ggml_type]:
-        blocks[:, offset : offset + 2] = random_normals(rng, len(blocks), np.float16).view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(-1)
 
 
 def reference(raw: np.ndarray, ggml_type: GGMLType, shape: tuple[int, ...]) -> np.ndarray:

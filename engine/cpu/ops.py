@@ -5,6 +5,8 @@ Activations are `(n_tokens, ...)`: one row per position of the chunk being proce
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from engine.config import RopeScaling
@@ -31,13 +33,46 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)) without overflow."""
+    return np.logaddexp(np.float32(0.0), x)
+
+
+def l2norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """x (..., n) / max(||x||, eps) over the last axis, as ggml's l2_norm."""
+    norm = np.sqrt(np.sum(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float32))
+    return x / np.maximum(norm, np.float32(eps))
+
+
+def yarn_corr_dims(rope_dim: int, theta: float, scaling: RopeScaling) -> tuple[float, float]:
+    """The pair-index range [lo, hi] over which YaRN ramps from extrapolated to interpolated angles.
+
+    c(beta) is the pair index whose wavelength fits beta turns into the original context:
+    c(beta) = rope_dim * ln(n_ctx_orig / (2 pi beta)) / (2 ln theta).
+    """
+
+    def corr(beta: float) -> float:
+        return rope_dim * math.log(scaling.original_context / (beta * 2.0 * math.pi)) / (2.0 * math.log(theta))
+
+    lo = max(0.0, math.floor(corr(scaling.yarn_beta_fast)))
+    hi = min(rope_dim - 1.0, math.ceil(corr(scaling.yarn_beta_slow)))
+    return lo, hi
+
+
 def rope_angles(
     positions: np.ndarray, rope_dim: int, theta: float, scaling: RopeScaling, freq_factors: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin of shape (n, rope_dim // 2) f32 for integer positions (n,).
+    """cos, sin of shape (n, rope_dim // 2) f32 for integer positions (n,), already multiplied by the scaling's
+    magnitude `scaling.mscale` (1 unless YaRN or rope.scaling.attn_factor say otherwise).
 
     Pair i turns by pos * theta^(-2i / rope_dim), divided by freq_factors[i] when the file has `rope_freqs`
-    (Llama 3.1) and by the linear scaling factor when one is set.
+    (Llama 3.1). Linear scaling divides every angle by the factor; YaRN divides only the low-frequency pairs
+    (i >= hi) and ramps linearly between extrapolation (i <= lo) and interpolation, as ggml's rope_yarn does.
     """
     i = np.arange(rope_dim // 2, dtype=np.float64)
     inv_freq = theta ** (-2.0 * i / rope_dim)
@@ -45,10 +80,15 @@ def rope_angles(
         inv_freq = inv_freq / freq_factors.astype(np.float64)
     if scaling.kind == "linear":
         inv_freq = inv_freq / scaling.factor
+    elif scaling.kind == "yarn":
+        lo, hi = yarn_corr_dims(rope_dim, theta, scaling)
+        extrapolate = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)  # 1 for high-frequency pairs
+        inv_freq = inv_freq / scaling.factor * (1.0 - extrapolate) + inv_freq * extrapolate
     elif scaling.kind != "none":
-        raise NotImplementedError(f"RoPE scaling '{scaling.kind}' is applied by the model that needs it")
+        raise ValueError(f"unknown RoPE scaling {scaling.kind!r}")
     angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    m = scaling.mscale
+    return (m * np.cos(angles)).astype(np.float32), (m * np.sin(angles)).astype(np.float32)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_type: str) -> np.ndarray:
