@@ -109,6 +109,28 @@ def cmd_check(args) -> int:
     return 0 if report["status"] == "pass" else 1
 
 
+def cmd_bench(args) -> int:
+    from engine.bench import run
+
+    _print(run(args))
+    return 0
+
+
+def cmd_smoke(args) -> int:
+    from engine.doctor import smoke
+
+    _print(smoke())
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from engine.doctor import doctor
+
+    report, code = doctor()
+    _print(report)
+    return code
+
+
 def _fail_usage(message: str) -> int:
     _print({"error": message, "error_kind": "invalid_input"})
     return 2
@@ -153,6 +175,18 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--write-reference", help="write this engine's result as a reference file")
     c.set_defaults(func=cmd_check)
 
+    b = model_cmd("bench", "warm latency/throughput here, cold start over fresh processes (p50/p95)")
+    b.add_argument("--repeats", type=int, default=20, help="timed repeats of each warm measurement")
+    b.add_argument("--cold", type=int, default=0, help="fresh processes per cold measurement (0: skip)")
+    b.set_defaults(func=cmd_bench)
+
+    sub.add_parser("smoke", help="run one prebuilt kernel and time the AOT path from process start",
+                   description="run one prebuilt kernel (axpy) and time the AOT path from process start"
+                   ).set_defaults(func=cmd_smoke)  # fmt: skip
+    sub.add_parser("doctor", help="check the GPU, the built kernels and NVML",
+                   description="check the GPU, the built kernels (native code for this GPU?) and NVML; exit 1 on a "
+                   "failed check").set_defaults(func=cmd_doctor)  # fmt: skip
+
     about = "write the cold-start cache (tokenizer, metadata, tensor table) next to a model"
     r = sub.add_parser("prepare", help=about, description=about)
     r.add_argument("model")
@@ -164,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, fast_exit: bool = True) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    if args.command != "prepare":
+    if args.command not in ("prepare", "smoke", "doctor"):
         import engine.engine  # noqa: F401 - the engine's imports belong to imports_ms, not to model_load_ms
     timing.mark_imports_done()
     try:

@@ -28,13 +28,32 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_SEQ = 4096
 
 
-def _choose_backend(requested: str | None) -> str:
+def _start_backend(requested: str | None):
+    """("cpu" | "cuda" | "auto", a ContextStarter or None). For CUDA the context is created on a thread from here
+    on, overlapping the model open and the tokenizer build; "auto" means CUDA when kernels are built and a driver
+    is present, with a fall-back to the CPU if the context then cannot be created."""
     choice = (requested or os.environ.get("REFLEX_BACKEND") or "auto").lower()
     if choice not in ("auto", "cpu", "cuda"):
         raise InvalidInput(f"backend must be auto, cpu or cuda, got {choice!r}")
-    if choice == "cuda":
-        raise CudaError("the CUDA backend is not available in this build")
-    return "cpu"
+    if choice == "cpu":
+        return "cpu", None
+    from engine.cuda import driver
+
+    if choice == "auto" and not os.path.exists(os.path.join(driver.KERNEL_DIR, "manifest.json")):
+        return "cpu", None
+    try:
+        driver.libcuda()
+    except CudaError:
+        if choice == "auto":
+            return "cpu", None
+        raise
+    return choice, driver.ContextStarter(int(os.environ.get("REFLEX_DEVICE", "0")))
+
+
+def _cuda_runner(config: ModelConfig, gf, family, max_seq: int, context):
+    from engine.cuda import load_runner
+
+    return load_runner(config, gf, family.__name__.rsplit(".", 1)[1], max_seq, context)
 
 
 class Engine:
@@ -61,25 +80,35 @@ class Engine:
         from engine.bundled import default_model_path
 
         load_start = timing.now()
+        chosen, context = _start_backend(backend)
         path = os.fspath(path) if path is not None else default_model_path()
         with Stopwatch() as open_sw:
             opened = open_model(path)
         gf = opened.file
         config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
         family = models.family(config.arch)
-        chosen = _choose_backend(backend)
         limit = max_seq_len or int(os.environ.get("MAX_SEQ_LEN", DEFAULT_MAX_SEQ))
         max_seq = max(1, min(limit, config.n_ctx))
+        cuda_phases: dict = {"cuda_init_ms": None}
         with Stopwatch() as load_sw:
             tokenizer = opened.tokenizer or Tokenizer.from_gguf(gf)
-            from engine.cpu.runner import CpuRunner
+            runner = None
+            if context is not None:
+                try:
+                    runner, cuda_phases = _cuda_runner(config, gf, family, max_seq, context)
+                except CudaError as e:
+                    if chosen == "cuda":
+                        raise
+                    log.warning("CUDA backend unavailable (%s): using the CPU backend", e)
+            if runner is None:
+                from engine.cpu.runner import CpuRunner
 
-            runner = CpuRunner(family.CpuModel(config, gf), max_seq)
+                runner = CpuRunner(family.CpuModel(config, gf), max_seq)
         imports_done = timing.IMPORTS_DONE if timing.IMPORTS_DONE is not None else load_start
         cold_start = {
             "imports_ms": (imports_done - timing.PROCESS_START) * 1000.0,
             "gguf_open_ms": open_sw.ms,
-            "cuda_init_ms": None,
+            **cuda_phases,
             "model_load_ms": load_sw.ms,
             "prepare_cache_used": opened.cache_used,
             "process_start_to_ready_ms": timing.since_process_start_ms(),
@@ -92,8 +121,12 @@ class Engine:
             "n_vocab": config.n_vocab,
             "max_seq_len": max_seq,
         }
-        log.info("loaded %s (%s) on %s in %.1f ms", path, config.arch, chosen, timing.ms_since(load_start))
-        return cls(path, config, tokenizer, runner, info, cold_start, opened.sha256)
+        log.info("loaded %s (%s) on %s in %.1f ms", path, config.arch, runner.backend, timing.ms_since(load_start))
+        engine = cls(path, config, tokenizer, runner, info, cold_start, opened.sha256)
+        # Weight bytes one decode step reads: every tensor, but of an untied token_embd only one row.
+        untied_embd = 0 if config.tied_output else gf.tensor("token_embd.weight").n_bytes
+        engine.bytes_per_token = sum(t.n_bytes for t in gf.tensors.values()) - untied_embd
+        return engine
 
     # -- helpers --------------------------------------------------------------------------------------------
 
@@ -191,6 +224,15 @@ class Engine:
         for _ in stream:
             pass
         return stream.result
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, **extra) -> str:
+        """Prompt text for chat `messages` ([{"role", "content"}]) through the GGUF's template (engine/chat.py)."""
+        from engine import chat
+
+        tok = self.tokenizer
+        bos, eos = ("" if i is None else tok.piece(i, skip_special=False).decode("utf-8", "replace")
+                    for i in (tok.bos_id, tok.eos_id))  # fmt: skip
+        return chat.render(tok.chat_template, messages, bos, eos, add_generation_prompt, **extra)
 
     def logits(self, token_ids: Sequence[int], prefill: int | None = None) -> np.ndarray:
         """float32 (n_tokens, n_vocab): row j is the output after consuming token_ids[0..j].

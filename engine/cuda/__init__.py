@@ -1,0 +1,38 @@
+"""The CUDA backend: prebuilt kernels (kernels/build), weights uploaded in GGUF layout, graph-captured steps."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from engine.timing import Stopwatch
+
+DEFAULT_MAX_BATCH = 512  # tokens per prefill launch; longer prompts run in chunks
+
+
+def load_runner(config, gf, family_name: str, max_seq: int, context) -> tuple[object, dict]:
+    """Wait for the context (a driver.ContextStarter), upload the weights, build the family's CudaModel.
+
+    Returns the runner and the phases measured here (cuda_init_ms, upload statistics, kv cache size)."""
+    from engine.cuda import driver
+    from engine.cuda.runner import CudaRunner
+    from engine.cuda.upload import DeviceWeights
+
+    with Stopwatch() as wait_sw:
+        context_ms = context.wait()
+    stream = driver.stream_create()
+    weights = DeviceWeights(gf, stream)
+    family = importlib.import_module(f"engine.models.{family_name}_cuda")
+    max_batch = int(os.environ.get("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH))
+    with Stopwatch() as build_sw:
+        model = family.CudaModel(config, weights, max_seq, max_batch)
+        runner = CudaRunner(model, stream, context.device)
+    phases = {
+        "cuda_init_ms": context_ms,
+        "cuda_init_wait_ms": wait_sw.ms,
+        **weights.stats,
+        "buffers_ms": build_sw.ms,
+        "weights_mib": weights.n_bytes / 2**20,
+        "kv_cache_mib": model.kv_cache_bytes / 2**20,
+    }
+    return runner, phases

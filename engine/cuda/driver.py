@@ -10,6 +10,7 @@ Every failure becomes a `CudaError` (or `OutOfMemory`) naming the call.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -268,7 +269,9 @@ class Module:
     def __init__(self, name: str, directory: str | None = None):
         path = os.path.join(directory or KERNEL_DIR, name + ".fatbin")
         if not os.path.exists(path):
-            raise CudaError(f"kernel module {path} is missing: run ./build_kernels.sh (needs nvcc) to build the kernels")
+            raise CudaError(
+                f"kernel module {path} is missing: run ./build_kernels.sh (needs nvcc) to build the kernels"
+            )
         self.name = name
         self.handle = ctypes.c_void_p()
         check(libcuda().cuModuleLoad(ctypes.byref(self.handle), path.encode()), f"cuModuleLoad({path})")
@@ -367,10 +370,8 @@ class DeviceArray:
 
     def __del__(self) -> None:
         if getattr(self, "owner", False) and self.ptr and _rt is not None:
-            try:
+            with contextlib.suppress(Exception):  # at interpreter exit the context may already be gone
                 free(self.ptr)
-            except Exception:
-                pass  # at interpreter exit the context may already be gone
 
 
 _TAGS = {0: "f32", 1: "f16", 30: "bf16", 8: "q8_0", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 12: "q4_k",

@@ -1,0 +1,135 @@
+"""`python -m engine bench MODEL`: warm latency and throughput in this process, cold start over fresh processes.
+
+Warm: system1 (a ~10-token prompt, 3 candidates), prefill at 16 and 512 tokens, decode over 128 tokens (EOS
+ignored), each after warm-up, as medians and p95 over repeats, with achieved weight bandwidth beside tokens/s.
+Cold: N fresh `python -m engine system1|generate` processes; each one's own phase breakdown plus the wall clock
+seen from outside (process spawn to exit), p50 / p95 per phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from engine import timing
+
+SYSTEM1_PROMPT = "Question: is the sky blue on a clear day? Answer:"
+CANDIDATES = [" yes", " no", " maybe"]
+FILLER = "The quick brown fox jumps over the lazy dog near the river bank. "
+
+
+def _pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round((len(s) - 1) * p))]
+
+
+def _summary(values: list[float]) -> dict:
+    return {"p50": round(statistics.median(values), 3), "p95": round(_pct(values, 0.95), 3),
+            "min": round(min(values), 3), "n": len(values)}  # fmt: skip
+
+
+def _timed(fn, repeats: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000.0)
+    return out
+
+
+def warm(engine, repeats: int = 20) -> dict:
+    from engine.sampling import SamplingParams
+
+    runner = engine.runner
+    ids = engine.tokenizer.encode(FILLER * 64)
+    weights_bytes = engine.bytes_per_token
+    res: dict = {"system1_ms": _summary(_timed(lambda: engine.system1(SYSTEM1_PROMPT, CANDIDATES), repeats, 3))}
+    res["system1_prompt_tokens"] = len(engine.tokenizer.encode(SYSTEM1_PROMPT))
+    for n in (16, 512):
+        if n > engine.max_seq:
+            continue
+
+        def prefill(n=n):
+            runner.reset()
+            runner.forward(ids[:n], "none")
+
+        t = _summary(_timed(prefill, repeats, 3))
+        res[f"prefill_{n}"] = {"ms": t, "tokens_per_s": round(n / t["p50"] * 1000.0, 1)}
+    n_decode = min(128, engine.max_seq - 16)
+    greedy = SamplingParams.make(0.0)
+
+    def decode():
+        runner.reset()
+        tok = runner.sample_next(ids[:16], greedy, 0)
+        t0 = time.perf_counter()
+        for step in range(1, n_decode):
+            tok = runner.sample_next([tok], greedy, step)
+        return (time.perf_counter() - t0) * 1000.0 / (n_decode - 1)
+
+    decode()
+    per_token = [decode() for _ in range(max(3, repeats // 4))]
+    ms = statistics.median(per_token)
+    res["decode"] = {"tokens": n_decode, "ms_per_token": _summary(per_token), "tokens_per_s": round(1000.0 / ms, 1),
+                     "weight_gb_per_s": round(weights_bytes / (ms / 1000.0) / 1e9, 1)}  # fmt: skip
+    return res
+
+
+def cold(model: str, runs: int, backend: str | None) -> dict:
+    """Fresh processes: system1 and generate (1 token), phases p50/p95 and the external wall clock."""
+    out = {}
+    extra = ["--backend", backend] if backend else []
+    jobs = {
+        "system1": ["system1", model, SYSTEM1_PROMPT, *[a for c in CANDIDATES for a in ("--candidate", c)]],
+        "generate": ["generate", model, SYSTEM1_PROMPT, "--max-tokens", "1"],
+    }
+    for name, args in jobs.items():
+        phases: dict[str, list[float]] = {}
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            p = subprocess.run([sys.executable, "-m", "engine", *args, *extra], capture_output=True, text=True,
+                               timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+            wall = (time.perf_counter() - t0) * 1000.0
+            result = json.loads(p.stdout.strip().splitlines()[-1])
+            if "error" in result:
+                raise RuntimeError(f"cold {name} run failed: {result}")
+            for k, v in result["cold_start"].items():
+                if isinstance(v, float):
+                    phases.setdefault(k, []).append(v)
+            phases.setdefault("external_wall_ms", []).append(wall)
+        out[name] = {k: _summary(v) for k, v in phases.items()}
+    return out
+
+
+def run(args) -> dict:
+    from engine.engine import Engine
+
+    report = {"date": time.strftime("%Y-%m-%d"), "model": os.path.basename(args.model), "command": " ".join(sys.argv)}
+    vram_before = _free_mib() if args.backend != "cpu" else None
+    engine = Engine.load(args.model, backend=args.backend, max_seq_len=args.max_seq_len)
+    report["backend"] = engine.backend
+    if engine.backend == "cuda":
+        from engine.cuda import driver
+
+        report["device"] = driver.device_info(0)
+        report["vram_resident_mib"] = vram_before - report["device"]["free_mib"]
+        report["file_mib"] = round(os.path.getsize(args.model) / 2**20, 1)
+    report["warm"] = warm(engine, args.repeats)
+    if args.cold:
+        report["cold"] = cold(args.model, args.cold, args.backend)
+    return timing.rounded(report)
+
+
+def _free_mib() -> int | None:
+    try:
+        from engine.cuda import driver
+
+        driver.start_context(0)
+        return driver.device_info(0)["free_mib"]
+    except Exception:
+        return None

@@ -1,0 +1,188 @@
+"""The CUDA backend's runner: the same API as engine/cpu/runner.py, over a family's CudaModel.
+
+Every step is a fixed list of launches whose per-step inputs (first position, token ids, sampling step) live in a
+small device array written by one async copy, so a list can be captured once as a CUDA graph and replayed:
+the decode step (model + LM head) is a graph from its first use; a prefill of n tokens becomes a graph the second
+time n is seen (one-off prompt lengths are launched directly, which costs less than a capture).
+REFLEX_CUDA_GRAPHS=0 launches everything directly (for debugging).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from engine.cuda import driver
+from engine.cuda import k_attention as ka
+from engine.cuda.driver import DeviceArray
+from engine.errors import ContextOverflow
+from engine.sampling import SamplingParams
+
+MAX_GRAPHS = 16  # prefill lengths kept as graphs (least recently used dropped)
+
+
+class CudaRunner:
+    backend = "cuda"
+
+    def __init__(self, model, stream: int, device: int = 0):
+        self.model = model
+        self.cfg = model.cfg
+        self.n_vocab = model.cfg.n_vocab
+        self.max_seq = model.max_seq
+        self.stream = stream
+        self.device = device
+        self.position = 0
+        self.use_graphs = os.environ.get("REFLEX_CUDA_GRAPHS", "1") != "0"
+        self._graphs: OrderedDict[object, driver.Graph] = OrderedDict()
+        self._seen: set[int] = set()
+        b = model.max_batch
+        # Page-locked host mirrors of ctrl ([pos0, step, token out, -, ids...]) and of small results.
+        self._ctrl_host = (ctypes.c_int32 * (4 + b))()
+        self._f32_host = (ctypes.c_float * b)()
+        driver.host_register(ctypes.addressof(self._ctrl_host), ctypes.sizeof(self._ctrl_host), read_only=False)
+        driver.host_register(ctypes.addressof(self._f32_host), ctypes.sizeof(self._f32_host), read_only=False)
+        self.vocab_ids = DeviceArray.empty((b,), "i4")  # (b,) i32 gathered LM-head rows
+        self.gathered = DeviceArray.empty((b,), "f4")  # (b,) f32 gathered logits
+        self.token = model.ctrl.view(2, (1,))  # the sampler's output
+
+    # -- sequence state ------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.position = 0
+
+    def snapshot(self) -> object:
+        return self.position  # K/V entries are indexed by position: nothing else to save
+
+    def restore(self, state: object) -> None:
+        self.position = state
+
+    # -- launching -----------------------------------------------------------------------------------------
+
+    def _upload_ctrl(self, ids: Sequence[int], step: int = 0) -> None:
+        driver.synchronize(self.stream)  # the staging buffer may still be the source of the previous copy
+        h = self._ctrl_host
+        h[0], h[1] = self.position, step
+        for j, t in enumerate(ids):
+            h[4 + j] = t
+        driver.memcpy_async(self.model.ctrl.ptr, ctypes.addressof(h), 4 * (4 + len(ids)), driver.H2D, self.stream)
+
+    def _run(self, key: object, build, capture: bool) -> None:
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+            graph.launch()
+            return
+        launches = build()
+        if not (capture and self.use_graphs):
+            for launch in launches:
+                launch(self.stream)
+            return
+        graph = driver.Graph(self.stream)
+        with graph:
+            for launch in launches:
+                launch(self.stream)
+        self._graphs[key] = graph
+        if len(self._graphs) > MAX_GRAPHS:
+            self._graphs.popitem(last=False)[1].destroy()
+        graph.launch()
+
+    def _forward_chunk(self, ids: Sequence[int]) -> None:
+        n = len(ids)
+        self._upload_ctrl(ids)
+        self._run(("prefill", n), lambda: self.model.forward(n), capture=n in self._seen)
+        self._seen.add(n)
+        self.position += n
+
+    def _read_f32(self, src: DeviceArray, count: int):
+        import numpy as np
+
+        out = np.empty(count, dtype=np.float32)
+        driver.memcpy_async(out.ctypes.data, src.ptr, 4 * count, driver.D2H, self.stream)
+        driver.synchronize(self.stream)
+        return out
+
+    # -- the runner API ------------------------------------------------------------------------------------
+
+    def forward(self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | None = None):
+        """As CpuRunner.forward: consume ids, return none / last-row / every-row logits, full or gathered."""
+        import numpy as np
+
+        n = len(ids)
+        if self.position + n > self.max_seq:
+            raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
+        driver.start_context(self.device)
+        b, rows_out = self.model.max_batch, []
+        for at in range(0, n, b):
+            chunk = list(ids[at : at + b])
+            self._forward_chunk(chunk)
+            if out == "all":
+                rows_out.append(self._rows(len(chunk), None if gather is None else gather[at : at + b]))
+        if out == "none":
+            driver.synchronize(self.stream)
+            return None
+        if out == "all":
+            return np.concatenate(rows_out)
+        last = (n - 1) % b
+        if gather is None:
+            for launch in self.model.head_logits(last, 1):
+                launch(self.stream)
+            return self._read_f32(self.model.logits, self.n_vocab)
+        return self._gather(last, 1, list(gather), per_row=False)
+
+    def _rows(self, rows: int, gather: Sequence[int] | None):
+        """Logits of the chunk's rows 0..rows-1: full rows (rows, n_vocab) or one gathered id per row (rows,)."""
+        import numpy as np
+
+        if gather is not None:
+            return self._gather(0, rows, list(gather), per_row=True)
+        parts = []
+        for first in range(0, rows, self.model.logits.shape[0]):
+            r = min(self.model.logits.shape[0], rows - first)
+            for launch in self.model.head_logits(first, r):
+                launch(self.stream)
+            parts.append(self._read_f32(self.model.logits, r * self.n_vocab).reshape(r, self.n_vocab))
+        return np.concatenate(parts)
+
+    def _gather(self, first: int, rows: int, vocab: list[int], per_row: bool):
+        n_out = len(vocab)
+        h = self._ctrl_host  # staging for the ids: ctrl's id slots are free once the chunk has run
+        driver.synchronize(self.stream)
+        for j, t in enumerate(vocab):
+            h[4 + j] = t
+        driver.memcpy_async(self.vocab_ids.ptr, ctypes.addressof(h) + 16, 4 * n_out, driver.H2D, self.stream)
+        for launch in self.model.head_gather(first, rows, self.vocab_ids, n_out, self.gathered, per_row):
+            launch(self.stream)
+        return self._read_f32(self.gathered, n_out)
+
+    def sample_next(self, ids: Sequence[int], params: SamplingParams, step: int) -> int:
+        """Consume ids and choose the next token on the device; only the token id comes back."""
+        n = len(ids)
+        if self.position + n > self.max_seq:
+            raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
+        driver.start_context(self.device)
+        if n == 1:  # the decode step: model and LM head as one graph
+            self._upload_ctrl(ids, step)
+            self._run("decode", lambda: self.model.forward(1) + self.model.head_logits(0, 1), capture=True)
+            self.position += 1
+        else:
+            for at in range(0, n, self.model.max_batch):
+                self._forward_chunk(list(ids[at : at + self.model.max_batch]))
+            self._set_step(step)
+            for launch in self.model.head_logits((n - 1) % self.model.max_batch, 1):
+                launch(self.stream)
+        row = self.model.logits.view(0, (self.n_vocab,))
+        if params.greedy:
+            ka.argmax(row, self.n_vocab, self.token)(self.stream)
+        else:
+            ka.sample(row, self.n_vocab, params.temperature, params.top_k, params.top_p, params.seed,
+                      self.model.step, self.token)(self.stream)  # fmt: skip
+        driver.memcpy_async(ctypes.addressof(self._ctrl_host) + 8, self.token.ptr, 4, driver.D2H, self.stream)
+        driver.synchronize(self.stream)
+        return int(self._ctrl_host[2])
+
+    def _set_step(self, step: int) -> None:
+        driver.synchronize(self.stream)
+        self._ctrl_host[1] = step
+        driver.memcpy_async(self.model.step.ptr, ctypes.addressof(self._ctrl_host) + 4, 4, driver.H2D, self.stream)

@@ -1,0 +1,161 @@
+"""The dense family (`qwen3`, `llama`) on the CUDA backend: the same math as models/dense.py, as kernel launches.
+
+Per layer, for a batch of n tokens whose first position is in device memory (`ctrl[0]`):
+  n <= 8 : matvec q, k, v with the attention RMSNorm fused; attention; matvec o (+x); matvec gate/up SwiGLU with the
+           FFN RMSNorm fused; matvec down (+x).
+  n >  8 : RMSNorm rows; GEMM q, k, v; attention; GEMM o (+x); RMSNorm rows; GEMM gate/up SwiGLU; GEMM down (+x).
+Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n = 1) or causal prefill.
+Everything is allocated here, once; building a launch list allocates nothing on the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.config import ModelConfig
+from engine.cuda import k_attention as ka
+from engine.cuda import k_gemm as kg
+from engine.cuda import k_matvec as km
+from engine.cuda import k_misc as kx
+from engine.cuda.driver import DeviceArray, Launch
+from engine.cuda.upload import DeviceWeights
+from engine.models.dense import tensor_specs
+from engine.weights import resolve
+
+SMALL_BATCH = 8  # up to this many tokens, matvec kernels (one weight read for all tokens) beat a GEMM tile
+N_SPLITS = 32  # key splits of the decode attention: 4096 keys -> 128 per block, flat cost with length
+LOGIT_ROWS = 64  # rows of full-vocabulary logits computed per chunk
+
+
+class CudaModel:
+    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
+        self.cfg = cfg
+        self.max_seq = max_seq
+        self.max_batch = max_batch
+        infos = resolve(weights.gf, tensor_specs(cfg))
+        self.token_embd = weights.matrix(infos["token_embd.weight"])  # (n_vocab rows, dim)
+        self.output = self.token_embd if cfg.tied_output else weights.matrix(infos["output.weight"])
+        self.output_norm = weights.vector(infos["output_norm.weight"])  # (dim,) f32
+        freqs = infos.get("rope_freqs.weight")
+        self.rope_freqs = weights.vector(freqs) if freqs is not None else None  # (rope_dim/2,) f32
+        self.layers = []
+        for i in range(cfg.n_layers):
+            layer = {}
+            for name, info in infos.items():
+                if name.startswith(f"blk.{i}."):
+                    key = name.split(".")[2]
+                    layer[key] = weights.vector(info) if len(info.ne) == 1 else weights.matrix(info)
+            self.layers.append(layer)
+        self._allocate()
+
+    def _allocate(self) -> None:
+        c, b = self.cfg, self.max_batch
+        self.ctrl = DeviceArray.empty((4 + b,), "i4")  # [pos0, sample step, -, -, token ids (b,)]
+        self.pos = self.ctrl.view(0, (1,))
+        self.step = self.ctrl.view(1, (1,))
+        self.ids = self.ctrl.view(4, (b,))
+        self.x = DeviceArray.empty((b, c.dim))  # residual stream (b, dim) f32
+        self.xb = DeviceArray.empty((b, c.dim))  # normed rows for the GEMM path (b, dim) f32
+        self.q = DeviceArray.empty((b, c.n_heads * c.head_dim))  # (b, H*hd) f32
+        self.k = DeviceArray.empty((b, c.n_kv_heads * c.head_dim))  # (b, KVH*hd) f32
+        self.v = DeviceArray.empty((b, c.n_kv_heads * c.value_dim))  # (b, KVH*vd) f32
+        self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
+        self.hb = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32
+        self.hb2 = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32, only when gate/up types differ
+        self.part_o = DeviceArray.empty((c.n_heads, N_SPLITS, c.value_dim))  # (H, splits, vd) f32
+        self.part_ml = DeviceArray.empty((c.n_heads, N_SPLITS, 2))  # (H, splits, 2) f32
+        kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
+        kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
+        self.k_cache = DeviceArray.empty(kv_k)  # (layers, max_seq, KVH, hd) f32
+        self.v_cache = DeviceArray.empty(kv_v)  # (layers, max_seq, KVH, vd) f32
+        self.logits = DeviceArray.empty((LOGIT_ROWS, c.n_vocab))  # (64, n_vocab) f32
+        self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.k_cache.nbytes + self.v_cache.nbytes
+
+    # -- the forward pass ----------------------------------------------------------------------------------
+
+    def forward(self, n: int) -> list[Launch]:
+        """Launches that embed ids[:n] at positions pos0.. and run every layer; the result is x[:n] (unnormed)."""
+        c = self.cfg
+        out = [km.embed(self.token_embd, self.ids, n, self.x)]
+        for i, L in enumerate(self.layers):
+            out += self._qkv(L, n)
+            kc = self.k_cache.view(i * self.max_seq * c.n_kv_heads * c.head_dim, self.k_cache.shape[1:])
+            vc = self.v_cache.view(i * self.max_seq * c.n_kv_heads * c.value_dim, self.v_cache.shape[1:])
+            out.append(ka.qk_rope_kv(self.q, self.k, self.v, n, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
+                                     L.get("attn_q_norm"), L.get("attn_k_norm"), c.norm_eps, c.rope_dim,
+                                     c.rope_theta, self._freq_scale(), self.rope_freqs, c.rope_type == "neox",
+                                     self.pos, kc, vc))  # fmt: skip
+            scale = 1.0 / math.sqrt(c.head_dim)
+            if n == 1:
+                out.append(ka.attn_decode(self.q, kc, vc, self.pos, c.n_heads, c.n_kv_heads, c.head_dim,
+                                          c.value_dim, scale, N_SPLITS, self.part_o, self.part_ml))  # fmt: skip
+                out.append(ka.attn_combine(self.part_o, self.part_ml, c.n_heads, N_SPLITS, c.value_dim, self.att))
+            else:
+                out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
+                                           c.value_dim, scale, self.att))  # fmt: skip
+            out.append(self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x))
+            out += self._ffn(L, n)
+        return out
+
+    def _freq_scale(self) -> float:
+        s = self.cfg.rope_scaling
+        return 1.0 / s.factor if s.kind == "linear" else 1.0
+
+    def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
+                norm_w: DeviceArray | None = None) -> Launch:  # fmt: skip
+        if n <= SMALL_BATCH:
+            return km.matvec(w, x, n, y, norm_w=norm_w, eps=self.cfg.norm_eps, resid=resid)
+        assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
+        return kg.gemm(w, x, n, y, resid=resid)
+
+    def _qkv(self, L: dict, n: int) -> list[Launch]:
+        if n <= SMALL_BATCH:
+            src, norm, out = self.x, L["attn_norm"], []
+        else:
+            src, norm = self.xb, None
+            out = [ka.rmsnorm_rows(self.x, L["attn_norm"], self.cfg.norm_eps, self.xb, n)]
+        return out + [self._matmul(L[name], src, n, dst, norm_w=norm)
+                      for name, dst in (("attn_q", self.q), ("attn_k", self.k), ("attn_v", self.v))]  # fmt: skip
+
+    def _ffn(self, L: dict, n: int) -> list[Launch]:
+        gate, up, eps = L["ffn_gate"], L["ffn_up"], self.cfg.norm_eps
+        small = n <= SMALL_BATCH
+        out = [] if small else [ka.rmsnorm_rows(self.x, L["ffn_norm"], eps, self.xb, n)]
+        src, norm = (self.x, L["ffn_norm"]) if small else (self.xb, None)
+        if gate.ggml_type == up.ggml_type:
+            if small:
+                out.append(km.matvec_swiglu(gate, up, src, n, self.hb, norm_w=norm, eps=eps))
+            else:
+                out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
+        else:  # mixed types cannot share one fused launch
+            out.append(self._matmul(gate, src, n, self.hb, norm_w=norm))
+            out.append(self._matmul(up, src, n, self.hb2, norm_w=norm))
+            out.append(kx.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
+        out.append(self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x))
+        return out
+
+    # -- heads ---------------------------------------------------------------------------------------------
+
+    def head_logits(self, first: int, rows: int) -> list[Launch]:
+        """Full-vocabulary logits of x rows [first, first + rows) (rows <= LOGIT_ROWS) into logits[:rows]."""
+        c = self.cfg
+        src = self.x.view(first * c.dim, (rows, c.dim))
+        if rows <= SMALL_BATCH:
+            return [km.matvec(self.output, src, rows, self.logits, norm_w=self.output_norm, eps=c.norm_eps)]
+        normed = self.normed.view(0, (rows, c.dim))
+        return [ka.rmsnorm_rows(src, self.output_norm, c.norm_eps, normed, rows),
+                kg.gemm(self.output, normed, rows, self.logits)]  # fmt: skip
+
+    def head_gather(self, first: int, rows: int, vocab_ids: DeviceArray, n_out: int, out: DeviceArray,
+                    per_row: bool) -> list[Launch]:  # fmt: skip
+        """Selected logits: per_row -> out[j] = logit(row first+j, vocab_ids[j]); else every vocab_ids[j] of row
+        `first` (rows must then be 1)."""
+        c = self.cfg
+        normed = self.normed.view(0, (rows, c.dim))
+        norm = ka.rmsnorm_rows(self.x.view(first * c.dim, (rows, c.dim)), self.output_norm, c.norm_eps, normed, rows)
+        stride = c.dim if per_row else 0
+        return [norm, km.gather_dot(self.output, normed, stride, vocab_ids, n_out, out)]
