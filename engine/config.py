@@ -149,7 +149,9 @@ class _Keys:
     def _raw(self, key: str, default: Any) -> Any:
         full = f"{self.arch}.{key}"
         if full in self.md:
-            return full, self.md[full]
+            v = self.md[full]
+            # The reader hands numeric arrays over as NumPy arrays; compare and validate them as lists.
+            return full, v.tolist() if hasattr(v, "tolist") and not isinstance(v, (int, float)) else v
         if default is _MISSING:
             raise GGUFError(f"metadata key '{full}' is missing")
         return full, default
@@ -193,6 +195,12 @@ class _Keys:
         if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
             raise GGUFError(f"metadata key '{full}' must be an array of integers, got {v!r}")
         return tuple(v)
+
+    def bool_list(self, key: str, length: int) -> tuple[bool, ...]:
+        full, v = self._raw(key, _MISSING)
+        if not isinstance(v, (list, tuple)) or len(v) < length or not all(isinstance(x, bool) for x in v):
+            raise GGUFError(f"metadata key '{full}' must be a bool array with one entry per layer, got {v!r}")
+        return tuple(v[:length])
 
 
 def _n_vocab(md: Mapping[str, Any], keys: _Keys, tensors: Mapping[str, Any] | None) -> int:
@@ -317,12 +325,11 @@ def _qwen_moe(keys: _Keys, cfg: dict[str, Any], tensors: Mapping[str, Any] | Non
     # llama.cpp hard-codes softmax routing with renormalised top-k weights for these; the scale is only applied
     # when a file sets one (0 and absent mean none), and qwen3moe never reads it.
     scale = 0.0 if keys.arch == "qwen3moe" else keys.float("expert_weights_scale", 0.0)
-    shared_fallback = cfg["hidden_dim"] if keys.has("expert_shared_count") else 0
     return MoE(
         n_experts=n_experts,
         n_experts_used=n_used,
         expert_hidden_dim=width,
-        shared_hidden_dim=_shared_width(keys, tensors, 0, shared_fallback),
+        shared_hidden_dim=_shared_width(keys, tensors, 0, 0),
         weights_scale=scale or 1.0,
     )
 
@@ -334,10 +341,7 @@ def _layer_schedule(keys: _Keys, n_layers: int) -> tuple[bool, ...]:
     """Which layers are recurrent: the explicit bool array when present, else every layer but each
     full_attention_interval-th (interval 4 -> layers 3, 7, ... are full attention)."""
     if keys.has("attention.recurrent_layers"):
-        full, flags = keys._raw("attention.recurrent_layers", _MISSING)
-        if not isinstance(flags, list) or len(flags) < n_layers or not all(isinstance(f, bool) for f in flags):
-            raise GGUFError(f"metadata key '{full}' must be a bool array with one entry per layer, got {flags!r}")
-        return tuple(flags[:n_layers])
+        return keys.bool_list("attention.recurrent_layers", n_layers)
     interval = keys.int("full_attention_interval", 4)
     if interval == 0:
         raise GGUFError(f"'{keys.arch}.full_attention_interval' must be positive")
@@ -349,7 +353,8 @@ def _gated_deltanet(keys: _Keys, n_layers: int) -> GatedDeltaNet:
     head_k, inner = keys.int("ssm.state_size"), keys.int("ssm.inner_size")
     if n_k == 0 or n_v % n_k or inner % max(n_v, 1):
         raise GGUFError(
-            f"'{keys.arch}.ssm.*': {n_v} value heads must be a multiple of {n_k} key heads and divide inner_size {inner}"
+            f"'{keys.arch}.ssm.time_step_rank'={n_v} value heads must be a multiple of ssm.group_count={n_k} "
+            f"and divide ssm.inner_size={inner}"
         )
     # The qwen35 converter reorders V heads from grouped to tiled (llama.cpp PR #19468); qwen3next files are not.
     order = "grouped" if keys.arch == "qwen3next" else "tiled"

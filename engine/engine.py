@@ -15,7 +15,7 @@ import numpy as np
 
 from engine import models, system1, timing
 from engine.config import ModelConfig
-from engine.errors import ContextOverflow, CudaError, InvalidInput
+from engine.errors import ContextOverflow, CudaError, InvalidInput, UnsupportedArchitecture
 from engine.generation import GenerateStream
 from engine.prepare import file_sha256, open_model
 from engine.sampling import SamplingParams
@@ -96,7 +96,7 @@ class Engine:
             if context is not None:
                 try:
                     runner, cuda_phases = _cuda_runner(config, gf, family, max_seq, context)
-                except CudaError as e:
+                except (CudaError, UnsupportedArchitecture) as e:
                     if chosen == "cuda":
                         raise
                     log.warning("CUDA backend unavailable (%s): using the CPU backend", e)

@@ -18,7 +18,7 @@ from tests import conformance as C
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="cpu")
-    ap.add_argument("names", nargs="*", default=C.TINY)
+    ap.add_argument("names", nargs="*", default=C.TINY + C.TINY_FAMILIES)
     args = ap.parse_args()
     print("| fixture | ids | max abs vs exact math (prompt) | decode-path steps | vs llama.cpp | greedy ids |")
     print("|---|---|---|---|---|---|")

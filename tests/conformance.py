@@ -15,6 +15,16 @@ import numpy as np
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 TINY = ["qwen3-tiny-f32", "qwen3-tiny-q8_0", "qwen3-tiny-q4_k_m"]
+# MoE, Gated DeltaNet hybrid and MLA families: the NumPy backend runs all of them; a backend that gains one of
+# these families adds its fixtures to its own parametrisation.
+TINY_FAMILIES = [
+    "qwen3moe-tiny-f32",
+    "qwen3moe-tiny-q8_0",
+    "qwen35-tiny-f32",
+    "qwen35-tiny-q8_0",
+    "deepseek2-tiny-f32",
+    "deepseek2-tiny-q8_0",
+]
 
 
 def fixture_path(name: str, suffix: str) -> str:

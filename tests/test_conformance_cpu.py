@@ -12,7 +12,7 @@ from engine.engine import Engine
 from tests import conformance as C
 
 
-@pytest.fixture(scope="module", params=C.TINY)
+@pytest.fixture(scope="module", params=C.TINY + C.TINY_FAMILIES)
 def tiny(request):
     return request.param, Engine.load(C.fixture_path(request.param, ".gguf"), backend="cpu", max_seq_len=512)
 

@@ -1,10 +1,26 @@
-"""A growable float32 K/V cache for the NumPy backend (the CUDA backend preallocates instead)."""
+"""Per-sequence caches of the NumPy backend: growable float32 arrays (the CUDA backend preallocates instead).
+
+`KVCache` holds attention keys/values, `LatentCache` MLA's compressed rows, `HybridCache` a KVCache for the
+attention layers plus the recurrent state (conv windows and delta-rule matrices) of the Gated DeltaNet layers.
+All share one protocol: `reserve(n)`, `reset()`, `snapshot()` / `restore(state)`.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 _GROW = 256  # positions added per growth step, so a long generation reallocates rarely
+
+
+def _grown(old: np.ndarray, n_positions: int, limit: int) -> np.ndarray | None:
+    """`old` (n_layers, capacity, ...) f32 widened along axis 1 to hold n_positions, or None when it already does."""
+    cap = old.shape[1]
+    if n_positions <= cap:
+        return None
+    new_cap = min(limit, max(n_positions, cap + _GROW))
+    grown = np.zeros((old.shape[0], new_cap, *old.shape[2:]), np.float32)
+    grown[:, :cap] = old
+    return grown
 
 
 class KVCache:
@@ -17,15 +33,13 @@ class KVCache:
 
     def reserve(self, n_positions: int) -> None:
         """Make room for positions 0..n_positions-1 (the caller has checked n_positions <= limit)."""
-        cap = self.k.shape[1]
-        if n_positions <= cap:
-            return
-        new_cap = min(self.limit, max(n_positions, cap + _GROW))
         for name in ("k", "v"):
-            old = getattr(self, name)
-            grown = np.zeros((old.shape[0], new_cap, *old.shape[2:]), np.float32)
-            grown[:, :cap] = old
-            setattr(self, name, grown)
+            grown = _grown(getattr(self, name), n_positions, self.limit)
+            if grown is not None:
+                setattr(self, name, grown)
+
+    def reset(self) -> None:
+        pass  # positions past the sequence are never read, so a new sequence simply overwrites them
 
     def snapshot(self) -> None:
         # Entries are indexed by position, so going back to a position needs no saved data: later writes to
@@ -41,3 +55,71 @@ class KVCache:
         self.k[layer, start:end] = k
         self.v[layer, start:end] = v
         return self.k[layer, :end], self.v[layer, :end]
+
+
+class LatentCache:
+    """MLA keeps one row per position and layer: rows (n_layers, capacity, kv_lora_rank + rope_dim) f32, the
+    normalised KV latent followed by the roped k_pe. Keys are whole rows, values their first kv_lora_rank dims.
+    Like K/V the rows are indexed by position, so reset, snapshot and restore have nothing to do."""
+
+    def __init__(self, n_layers: int, row_dim: int, limit: int):
+        self.limit = limit
+        self.rows = np.zeros((n_layers, 0, row_dim), np.float32)
+
+    def reserve(self, n_positions: int) -> None:
+        grown = _grown(self.rows, n_positions, self.limit)
+        if grown is not None:
+            self.rows = grown
+
+    def reset(self) -> None:
+        pass
+
+    def snapshot(self) -> None:
+        return None
+
+    def restore(self, state: None) -> None:
+        pass
+
+    def write(self, layer: int, start: int, rows: np.ndarray) -> np.ndarray:
+        """Store rows (n, row_dim) of positions start..start+n-1 and return a view of positions 0..start+n-1."""
+        end = start + rows.shape[0]
+        self.rows[layer, start:end] = rows
+        return self.rows[layer, :end]
+
+
+class HybridCache:
+    """Attention layers' K/V plus the recurrent state of the Gated DeltaNet layers.
+
+    conv (n_recurrent, conv_kernel - 1, conv_dim) f32: the last K-1 inputs of the causal conv, oldest first.
+    ssm (n_recurrent, n_v_heads, head_k_dim, head_v_dim) f32: the delta-rule state matrix S of every v head.
+    Unlike K/V these are overwritten by each token, so going back to an earlier position needs a saved copy.
+    """
+
+    def __init__(self, kv: KVCache, n_recurrent: int, conv_shape: tuple[int, int], ssm_shape: tuple[int, int, int]):
+        self.kv = kv
+        self.conv = np.zeros((n_recurrent, *conv_shape), np.float32)
+        self.ssm = np.zeros((n_recurrent, *ssm_shape), np.float32)
+
+    @property
+    def limit(self) -> int:
+        return self.kv.limit
+
+    def reserve(self, n_positions: int) -> None:
+        self.kv.reserve(n_positions)
+
+    def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.kv.write(layer, start, k, v)
+
+    def reset(self) -> None:
+        """A new sequence starts from zero state."""
+        self.conv.fill(0.0)
+        self.ssm.fill(0.0)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.conv.copy(), self.ssm.copy()
+
+    def restore(self, state: tuple[np.ndarray, np.ndarray]) -> None:
+        # Copy in rather than adopt the arrays: the same snapshot may be restored again later.
+        conv, ssm = state
+        np.copyto(self.conv, conv)
+        np.copyto(self.ssm, ssm)

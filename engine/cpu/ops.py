@@ -28,6 +28,11 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return silu(gate) * up
 
 
+def swiglu_ffn(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """h (n, dim) -> down · (silu(gate · h) ⊙ up · h), (n, dim). gate/up (hidden, dim), down (dim, hidden)."""
+    return swiglu(h @ gate.T, h @ up.T) @ down.T
+
+
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)

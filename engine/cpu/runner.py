@@ -27,6 +27,7 @@ class CpuRunner:
 
     def reset(self) -> None:
         self.position = 0
+        self.cache.reset()
 
     def snapshot(self) -> object:
         """The state after the current position, to `restore` after feeding tokens that are to be forgotten."""

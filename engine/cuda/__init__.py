@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
+from engine.errors import UnsupportedArchitecture
 from engine.timing import Stopwatch
 
 DEFAULT_MAX_BATCH = 512  # tokens per prefill launch; longer prompts run in chunks
@@ -18,6 +20,8 @@ def load_runner(config, gf, family_name: str, max_seq: int, context) -> tuple[ob
     from engine.cuda.runner import CudaRunner
     from engine.cuda.upload import DeviceWeights
 
+    if importlib.util.find_spec(f"engine.models.{family_name}_cuda") is None:
+        raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")
     with Stopwatch() as wait_sw:
         context_ms = context.wait()
     stream = driver.stream_create()

@@ -6,7 +6,17 @@ from types import ModuleType
 
 from engine.errors import UnsupportedArchitecture
 
-_FAMILIES = {"qwen3": "dense", "llama": "dense"}
+# general.architecture -> module: "dense" (every layer full attention, dense or MoE FFN), "hybrid" (Gated
+# DeltaNet + gated attention), "mla" (DeepSeek's multi-head latent attention).
+_FAMILIES = {
+    "qwen3": "dense",
+    "llama": "dense",
+    "qwen3moe": "dense",
+    "qwen35": "hybrid",
+    "qwen35moe": "hybrid",
+    "qwen3next": "hybrid",
+    "deepseek2": "mla",
+}
 
 
 def family(arch: str) -> ModuleType:

@@ -19,6 +19,7 @@ from engine.cuda import k_matvec as km
 from engine.cuda import k_misc as kx
 from engine.cuda.driver import DeviceArray, Launch
 from engine.cuda.upload import DeviceWeights
+from engine.errors import UnsupportedArchitecture
 from engine.models.dense import tensor_specs
 from engine.weights import resolve
 
@@ -29,6 +30,10 @@ LOGIT_ROWS = 64  # rows of full-vocabulary logits computed per chunk
 
 class CudaModel:
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
+        if cfg.moe is not None:
+            raise UnsupportedArchitecture(f"{cfg.arch}: mixture-of-experts layers have no CUDA path yet")
+        if cfg.rope_scaling.kind not in ("none", "linear"):
+            raise UnsupportedArchitecture(f"{cfg.arch}: RoPE scaling '{cfg.rope_scaling.kind}' has no CUDA path yet")
         self.cfg = cfg
         self.max_seq = max_seq
         self.max_batch = max_batch

@@ -1,0 +1,118 @@
+"""Pieces the model families share: loading weights by their GGUF names, the LM head, grouped-query attention
+(with optional QK-norm and sigmoid output gate) and the FFN of a layer (dense SwiGLU or mixture of experts)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.cpu import ops
+from engine.cpu.dequant import dequantize
+from engine.gguf import GGUFFile, TensorInfo
+from engine.models import moe
+from engine.weights import TensorSpec, resolve
+
+
+def f32(info: TensorInfo) -> np.ndarray:
+    return dequantize(info.data, info.ggml_type, info.shape)
+
+
+def load(gf: GGUFFile, specs: list[TensorSpec], n_layers: int) -> tuple[dict[str, np.ndarray], list[dict]]:
+    """Resolve and dequantize every spec once. Returns the model-level tensors keyed by name without ".weight"
+    ("token_embd", "output_norm", ...) and per layer a dict keyed by the name within the block ("attn_q",
+    "ffn_down_exps", "ssm_a", "ssm_dt", ...). NumPy shapes are the reversed GGUF ne: matrices are (out, in)."""
+    top: dict[str, np.ndarray] = {}
+    layers: list[dict[str, np.ndarray]] = [{} for _ in range(n_layers)]
+    for name, info in resolve(gf, specs).items():
+        if name.startswith("blk."):
+            _, i, short = name.split(".")[:3]
+            layers[int(i)][short] = f32(info)
+        else:
+            top[name.removesuffix(".weight")] = f32(info)
+    return top, layers
+
+
+def head_specs(cfg: ModelConfig) -> list[TensorSpec]:
+    d = cfg.dim
+    return [
+        TensorSpec("token_embd.weight", (d, cfg.n_vocab)),
+        TensorSpec("output_norm.weight", (d,)),
+        TensorSpec("output.weight", (d, cfg.n_vocab), required=not cfg.tied_output),
+    ]
+
+
+class Head:
+    """token_embd (n_vocab, dim), output_norm (dim,), output (n_vocab, dim): the runner reads `output`."""
+
+    def __init__(self, cfg: ModelConfig, top: dict[str, np.ndarray]):
+        self.cfg = cfg
+        self.token_embd = top["token_embd"]
+        self.output_norm = top["output_norm"]
+        self.output = top["token_embd"] if cfg.tied_output else top["output"]
+
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        return ops.rmsnorm(x, self.output_norm, self.cfg.norm_eps)
+
+
+def attention_specs(cfg: ModelConfig, b: str, qk_norm: bool, gated: bool = False) -> list[TensorSpec]:
+    """Tensors of a GQA attention block. `gated`: attn_q also yields a per-head output gate (qwen35)."""
+    d, hd, vd = cfg.dim, cfg.head_dim, cfg.value_dim
+    q_rows = cfg.n_heads * hd * (2 if gated else 1)
+    return [
+        TensorSpec(b + "attn_q.weight", (d, q_rows)),
+        TensorSpec(b + "attn_k.weight", (d, cfg.n_kv_heads * hd)),
+        TensorSpec(b + "attn_v.weight", (d, cfg.n_kv_heads * vd)),
+        TensorSpec(b + "attn_output.weight", (cfg.n_heads * vd, d)),
+        TensorSpec(b + "attn_q_norm.weight", (hd,), required=qk_norm),
+        TensorSpec(b + "attn_k_norm.weight", (hd,), required=qk_norm),
+    ]
+
+
+def attention(L: dict[str, np.ndarray], h: np.ndarray, cfg: ModelConfig, cache, slot: int, start: int,
+              rope: tuple[np.ndarray, np.ndarray], gated: bool = False) -> np.ndarray:  # fmt: skip
+    """Causal GQA of the normed input h (n, dim) at positions start..start+n-1 -> (n, dim), before the residual.
+
+    QK-norm (when the layer has attn_q_norm) comes before RoPE; `rope` is (cos, sin) (n, rope_dim/2), rotating
+    the first rope_dim dims of each head. `gated`: attn_q yields [q (head_dim) | gate (head_dim)] per head and
+    the attention output is multiplied by sigmoid(gate) before attn_output. K/V go to cache layer `slot`.
+    """
+    n, c = len(h), cfg
+    q = (h @ L["attn_q"].T).reshape(n, c.n_heads, -1)
+    gate = None
+    if gated:
+        q, gate = q[..., : c.head_dim], q[..., c.head_dim :]
+    k = (h @ L["attn_k"].T).reshape(n, c.n_kv_heads, c.head_dim)
+    v = (h @ L["attn_v"].T).reshape(n, c.n_kv_heads, c.value_dim)
+    if "attn_q_norm" in L:
+        q = ops.rmsnorm(q, L["attn_q_norm"], c.norm_eps)
+        k = ops.rmsnorm(k, L["attn_k_norm"], c.norm_eps)
+    cos, sin = rope
+    q = ops.apply_rope(q, cos, sin, c.rope_type)
+    k = ops.apply_rope(k, cos, sin, c.rope_type)
+    keys, values = cache.write(slot, start, k, v)
+    o = ops.attention(q, keys, values, start, 1.0 / math.sqrt(c.head_dim))  # (n, n_heads, value_dim)
+    if gate is not None:
+        o = o * ops.sigmoid(gate)
+    return o.reshape(n, c.n_heads * c.value_dim) @ L["attn_output"].T
+
+
+def ffn_specs(cfg: ModelConfig, layer: int) -> list[TensorSpec]:
+    """The FFN of `layer`: routed experts when the model has them (past any leading dense layers), else dense."""
+    b = f"blk.{layer}."
+    if cfg.moe is not None and layer >= cfg.moe.n_dense_leading:
+        return moe.tensor_specs(cfg, b)
+    d, f = cfg.dim, cfg.hidden_dim
+    return [
+        TensorSpec(b + "ffn_gate.weight", (d, f)),
+        TensorSpec(b + "ffn_up.weight", (d, f)),
+        TensorSpec(b + "ffn_down.weight", (f, d)),
+    ]
+
+
+def ffn(L: dict[str, np.ndarray], h: np.ndarray, cfg: ModelConfig, layer: int) -> np.ndarray:
+    """h (n, dim), the FFN-normed residual -> (n, dim)."""
+    if cfg.moe is not None and layer >= cfg.moe.n_dense_leading:
+        return moe.moe_ffn(L, h, cfg.moe)
+    return ops.swiglu_ffn(h, L["ffn_gate"], L["ffn_up"], L["ffn_down"])
