@@ -26,12 +26,14 @@ gencode+=("-gencode=arch=compute_$highest,code=compute_$highest")
 
 mkdir -p "$OUT"
 rm -f "$OUT"/*.fatbin "$OUT"/*.ptxas.log
-export NVCC OUT
-printf '%s\n' "${gencode[@]}" > "$OUT/.gencode"
+GENCODE_FILE=$(mktemp)
+trap 'rm -f "$GENCODE_FILE"' EXIT
+export NVCC OUT GENCODE_FILE
+printf '%s\n' "${gencode[@]}" > "$GENCODE_FILE"
 compile() {
   local src=$1 stem
   stem=$(basename "$src" .cu)
-  mapfile -t gc < "$OUT/.gencode"
+  mapfile -t gc < "$GENCODE_FILE"
   if ! "$NVCC" -O3 -lineinfo -std=c++17 --fatbin "${gc[@]}" -Xptxas -v -Ikernels \
        -o "$OUT/$stem.fatbin" "$src" 2> "$OUT/$stem.ptxas.log"; then
     cat "$OUT/$stem.ptxas.log" >&2
@@ -72,5 +74,4 @@ nvcc_version=$("$NVCC" --version | tail -n 1)
   done
   printf '\n  }\n}\n'
 } > "$OUT/manifest.json"
-rm -f "$OUT/.gencode"
 cat "$OUT/manifest.json"

@@ -7,11 +7,10 @@ cold-start breakdown; later ones carry `cold_start: None`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Sequence
-
-import numpy as np
 
 from engine import models, system1, timing
 from engine.config import ModelConfig
@@ -37,9 +36,13 @@ def _start_backend(requested: str | None):
         raise InvalidInput(f"backend must be auto, cpu or cuda, got {choice!r}")
     if choice == "cpu":
         return "cpu", None
+    from engine import cuda
     from engine.cuda import driver
 
-    if choice == "auto" and not os.path.exists(os.path.join(driver.KERNEL_DIR, "manifest.json")):
+    started = cuda.take_prestarted()
+    if started is not None:
+        return choice, started
+    if choice == "auto" and not cuda.kernels_built():
         return "cpu", None
     try:
         driver.libcuda()
@@ -50,10 +53,10 @@ def _start_backend(requested: str | None):
     return choice, driver.ContextStarter(int(os.environ.get("REFLEX_DEVICE", "0")))
 
 
-def _cuda_runner(config: ModelConfig, gf, family, max_seq: int, context):
+def _cuda_runner(config: ModelConfig, gf, family: str, max_seq: int, context):
     from engine.cuda import load_runner
 
-    return load_runner(config, gf, family.__name__.rsplit(".", 1)[1], max_seq, context)
+    return load_runner(config, gf, family, max_seq, context)
 
 
 class Engine:
@@ -86,7 +89,7 @@ class Engine:
             opened = open_model(path)
         gf = opened.file
         config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
-        family = models.family(config.arch)
+        family = models.family_name(config.arch)
         limit = max_seq_len or int(os.environ.get("MAX_SEQ_LEN", DEFAULT_MAX_SEQ))
         max_seq = max(1, min(limit, config.n_ctx))
         cuda_phases: dict = {"cuda_init_ms": None}
@@ -103,7 +106,7 @@ class Engine:
             if runner is None:
                 from engine.cpu.runner import CpuRunner
 
-                runner = CpuRunner(family.CpuModel(config, gf), max_seq)
+                runner = CpuRunner(models.family(config.arch).CpuModel(config, gf), max_seq)
         imports_done = timing.IMPORTS_DONE if timing.IMPORTS_DONE is not None else load_start
         cold_start = {
             "imports_ms": (imports_done - timing.PROCESS_START) * 1000.0,
@@ -181,7 +184,7 @@ class Engine:
                 for j, ids in enumerate(cand_ids):
                     if len(ids) > 1:  # teacher-forced: feed all but the last token, gather each next token's logit
                         self.runner.restore(after_prompt)
-                        scores[j] += float(np.sum(self.runner.forward(ids[:-1], "all", ids[1:]), dtype=np.float64))
+                        scores[j] += math.fsum(float(s) for s in self.runner.forward(ids[:-1], "all", ids[1:]))
             done_at = timing.now()
         probs = system1.probabilities(scores, temperature)
         best = system1.best_index(probs)
@@ -234,7 +237,7 @@ class Engine:
                     for i in (tok.bos_id, tok.eos_id))  # fmt: skip
         return chat.render(tok.chat_template, messages, bos, eos, add_generation_prompt, **extra)
 
-    def logits(self, token_ids: Sequence[int], prefill: int | None = None) -> np.ndarray:
+    def logits(self, token_ids: Sequence[int], prefill: int | None = None):
         """float32 (n_tokens, n_vocab): row j is the output after consuming token_ids[0..j].
 
         The first `prefill` tokens (default: all) go through as one batch, the rest one at a time through the
@@ -245,6 +248,8 @@ class Engine:
             raise InvalidInput(f"token_ids must be a non-empty list of ids in [0, {self.config.n_vocab})")
         if len(ids) > self.max_seq:
             raise ContextOverflow(len(ids), self.max_seq, "token_ids")
+        import numpy as np
+
         n = len(ids) if prefill is None else max(1, min(prefill, len(ids)))
         with self._lock:
             self.runner.reset()

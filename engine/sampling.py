@@ -10,8 +10,6 @@ import math
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.errors import InvalidInput
 
 _MASK64 = (1 << 64) - 1
@@ -54,7 +52,7 @@ def uniform(seed: int, step: int) -> float:
     return (z >> 40) / float(1 << 24)
 
 
-def sample(logits: np.ndarray, params: SamplingParams, step: int) -> int:
+def sample(logits, params: SamplingParams, step: int) -> int:
     """logits (n_vocab,) f32 -> token id.
 
     Greedy: the lowest id among the maxima. Otherwise, with z = logits / T: keep the ids whose z is at least the
@@ -63,6 +61,8 @@ def sample(logits: np.ndarray, params: SamplingParams, step: int) -> int:
     u = uniform(seed, step). Thresholds rather than a sorted list let the device sampler do the same with
     selection passes instead of a sort.
     """
+    import numpy as np
+
     if params.greedy:
         return int(np.argmax(logits))
     z = logits.astype(np.float32) / np.float32(params.temperature)

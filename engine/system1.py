@@ -42,7 +42,7 @@ def probabilities(scores: Sequence[float], temperature: float) -> list[float]:
 
 
 def entropy_bits(probs: Sequence[float]) -> float:
-    return -sum(p * math.log2(p) for p in probs if p > 0.0)
+    return 0.0 - sum(p * math.log2(p) for p in probs if p > 0.0)  # 0.0 - 0.0: no "-0.0" for a certain answer
 
 
 def best_index(probs: Sequence[float]) -> int:

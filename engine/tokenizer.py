@@ -22,7 +22,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -32,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # llama_token_attr bits. GGUF token_type 0..6 = undefined, normal, unknown, control, user-defined, unused, byte.
 UNDEFINED, UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 4, 8, 16, 32
-_ATTR_OF_TYPE = np.array([UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint8)
+_ATTR_OF_TYPE = (UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE)
 _MATCHED = CONTROL | USER_DEFINED | UNKNOWN  # cut out of the input text before BPE
 _HIDDEN = CONTROL | UNKNOWN  # rendered as nothing unless special rendering is asked for
 
@@ -180,19 +179,28 @@ def _key(md: Mapping[str, Any], name: str, default: Any = None) -> Any:
     return md.get("tokenizer.ggml." + name, default)
 
 
-def _attrs_from(types: Any, n: int) -> np.ndarray:
-    """GGUF token_type (absent: all normal) -> (n,) uint8 llama_token_attr bits."""
+def _attrs_from(types: Any, n: int) -> bytearray:
+    """GGUF token_type (absent: all normal) -> (n,) llama_token_attr bits, one byte per token."""
     if types is None:
-        return np.full(n, NORMAL, dtype=np.uint8)
-    types = np.asarray(types, dtype=np.int64)
-    if types.ndim != 1 or len(types) < n:
-        raise TokenizerError(f"tokenizer.ggml.token_type has {types.size} entries for {n} tokens")
-    types = types[:n]
-    known = (types >= 0) & (types < len(_ATTR_OF_TYPE))
-    return np.where(known, _ATTR_OF_TYPE[np.where(known, types, 0)], UNDEFINED).astype(np.uint8)
+        return bytearray([NORMAL]) * n
+    types = types.tolist() if hasattr(types, "tolist") else list(types)
+    if len(types) < n or any(isinstance(t, list) for t in types[:1]):
+        raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+    last = len(_ATTR_OF_TYPE)
+    return bytearray(_ATTR_OF_TYPE[t] if 0 <= t < last else UNDEFINED for t in types[:n])
 
 
-def _resolve_control_tokens(token_id: Any, vocab: Mapping[str, int], attrs: np.ndarray) -> set[int]:
+def _indices(attrs: bytearray, mask: int, equal: int | None = None) -> list[int]:
+    """Ids whose attrs has any bit of `mask` (or, with `equal`, whose attrs differ from it), found at C speed: the
+    bytes are mapped to zero / non-zero by a translation table and the non-zero ones searched for."""
+    if equal is None:
+        table = bytes(1 if b & mask else 0 for b in range(256))
+    else:
+        table = bytes(0 if b == equal else 1 for b in range(256))
+    return [m.start() for m in re.finditer(b"\x01", attrs.translate(table))]
+
+
+def _resolve_control_tokens(token_id: Any, vocab: Mapping[str, int], attrs: bytearray) -> set[int]:
     """llama.cpp's by-text special-token detection: returns the end-of-generation ids and makes control-looking
     tokens CONTROL in `attrs`. `token_id(key)` reads an id key of the GGUF (None when absent)."""
     by_text = {t: vocab[t] for t in _LOOKED_UP if t in vocab}
@@ -201,7 +209,8 @@ def _resolve_control_tokens(token_id: Any, vocab: Mapping[str, int], attrs: np.n
         found = [token_id(slot + "_token_id")]
         if found[0] is None:
             found = [by_text[t] for t in texts.split() if t in by_text]
-            attrs[found] |= CONTROL
+            for i in found:
+                attrs[i] |= CONTROL
         if slot in _FIM_EOG:
             eog.update(found)
     for t in _EOG_TEXTS & by_text.keys():
@@ -218,8 +227,8 @@ class Tokenizer:
     Build with `from_gguf` / `from_metadata`, or `from_cache_bytes` on the output of `to_cache_bytes`.
     """
 
-    def __init__(self, tokens: list[str], attrs: np.ndarray, merges: list[tuple[str, str]], meta: dict[str, Any]):
-        # attrs: (vocab_size,) uint8 llama_token_attr bits; meta: the _META_KEYS.
+    def __init__(self, tokens: list[str], attrs: bytearray, merges: list[tuple[str, str]], meta: dict[str, Any]):
+        # attrs: (vocab_size,) llama_token_attr bits, a byte per token; meta: the _META_KEYS.
         self._tokens, self._attrs, self._merges, self._meta = tokens, attrs, merges, meta
         self.vocab_size = len(tokens)
         self.bos_id: int | None = meta["bos_id"]
@@ -232,7 +241,7 @@ class Tokenizer:
         self._clean: bool = meta["clean_spaces"]
         self._pieces: dict[tuple[int, bool], bytes] = {}
         # llama.cpp sorts by byte length, longest first; ties by id keep the order deterministic.
-        special = np.flatnonzero(attrs & _MATCHED).tolist()
+        special = _indices(attrs, _MATCHED)
         special.sort(key=lambda i: (-len(tokens[i].encode()), i))
         self._special = [(tokens[i], i, bool(attrs[i] & _HIDDEN)) for i in special]
         self._hf = self._build_hf()
@@ -332,8 +341,8 @@ class Tokenizer:
         sep = next((c for c in map(chr, (10, *range(1, 10))) if c not in everything), None)
         if sep is None:
             raise TokenizerError("no separator character is free for the tokenizer cache")
-        odd = np.flatnonzero(self._attrs != NORMAL)  # attrs are NORMAL almost everywhere: store the exceptions
-        header = {**self._meta, "attrs": [odd.tolist(), self._attrs[odd].tolist()], "n_tokens": self.vocab_size}
+        odd = _indices(self._attrs, 0, equal=NORMAL)  # attrs are NORMAL almost everywhere: store the exceptions
+        header = {**self._meta, "attrs": [odd, [self._attrs[i] for i in odd]], "n_tokens": self.vocab_size}
         header["n_strings"] = len(strings)
         return _CACHE_MAGIC + json.dumps({**header, "sep": sep}).encode() + b"\n" + sep.join(strings).encode()
 
@@ -350,8 +359,9 @@ class Tokenizer:
             if len(strings) != state["n_strings"]:
                 raise ValueError(f"{len(strings)} strings, expected {state['n_strings']}")
             tokens, flat = strings[:n], iter(strings[n:])
-            attrs = np.full(n, NORMAL, dtype=np.uint8)
-            attrs[np.asarray(state["attrs"][0], dtype=np.int64)] = state["attrs"][1]
+            attrs = bytearray([NORMAL]) * n
+            for i, a in zip(*state["attrs"], strict=True):
+                attrs[i] = a
             merges = list(zip(flat, flat, strict=True))
             meta = {k: state[k] for k in _META_KEYS}
         except (KeyError, IndexError, TypeError, ValueError) as e:

@@ -24,14 +24,12 @@ __device__ __forceinline__ uint32_t u16x2(const uint8_t* p) {  // 4 bytes from a
 }
 
 // 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of a Q4_K / Q5_K block.
+// Written without a branch so the scale math never waits on a divergent path between a load and its use.
 __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, float& sc, float& m) {
-    if (j < 4) {
-        sc = float(s[j] & 63);
-        m = float(s[j + 4] & 63);
-    } else {
-        sc = float((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
-        m = float((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
+    const uint32_t x = s[j], y = s[j + 4], z = s[j & 3];  // z = s[j - 4] when j >= 4
+    const bool lo = j < 4;
+    sc = float(lo ? (x & 63) : ((y & 0xF) | ((z >> 6) << 4)));
+    m = float(lo ? (y & 63) : ((y >> 4) | ((x >> 6) << 4)));
 }
 
 template <int T> struct Quant;

@@ -11,6 +11,38 @@ from engine.timing import Stopwatch
 
 DEFAULT_MAX_BATCH = 512  # tokens per prefill launch; longer prompts run in chunks
 
+_prestarted = None  # a driver.ContextStarter started before the heavy imports
+
+
+def kernels_built() -> bool:
+    from engine.cuda.driver import KERNEL_DIR
+
+    return os.path.exists(os.path.join(KERNEL_DIR, "manifest.json"))
+
+
+def prestart(backend: str | None = None) -> None:
+    """Start creating the CUDA context on a thread now, first thing in the process, so that it is ready by the time
+    the imports, the model open and the tokenizer are done (DESIGN.md §2). A no-op when the CPU backend is asked
+    for, when no kernels are built or when there is no driver; `Engine.load` picks the started context up."""
+    global _prestarted
+    choice = (backend or os.environ.get("REFLEX_BACKEND") or "auto").lower()
+    if _prestarted is not None or choice == "cpu" or not kernels_built():
+        return
+    from engine.cuda import driver
+
+    try:
+        driver.libcuda()
+    except driver.CudaError:
+        return
+    _prestarted = driver.ContextStarter(int(os.environ.get("REFLEX_DEVICE", "0")))
+
+
+def take_prestarted():
+    """The context started by `prestart`, once (None if there is none)."""
+    global _prestarted
+    started, _prestarted = _prestarted, None
+    return started
+
 
 def load_runner(config, gf, family_name: str, max_seq: int, context) -> tuple[object, dict]:
     """Wait for the context (a driver.ContextStarter), upload the weights, build the family's CudaModel.

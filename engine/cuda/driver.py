@@ -237,11 +237,19 @@ def f32(v: float) -> ctypes.c_float:
     return ctypes.c_float(float(v))
 
 
-def ptr(p: int | DeviceArray | None) -> ctypes.c_void_p:
+class _DevicePtr(ctypes.c_void_p):
+    """A pointer argument that keeps its DeviceArray alive as long as the Launch holding it."""
+
+
+def ptr(p: int | DeviceArray | DeviceWeight | None) -> ctypes.c_void_p:
     """A device pointer argument; None is the null pointer (an absent optional input)."""
     if p is None:
         return ctypes.c_void_p(0)
-    return ctypes.c_void_p(p.ptr if isinstance(p, DeviceArray) else int(p))
+    if isinstance(p, int):
+        return ctypes.c_void_p(p)
+    arg = _DevicePtr(p.ptr)
+    arg.owner = p
+    return arg
 
 
 class Launch:

@@ -9,6 +9,7 @@ REFLEX_CUDA_GRAPHS=0 launches everything directly (for debugging).
 
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 from collections import OrderedDict
@@ -40,9 +41,7 @@ class CudaRunner:
         b = model.max_batch
         # Page-locked host mirrors of ctrl ([pos0, step, token out, -, ids...]) and of small results.
         self._ctrl_host = (ctypes.c_int32 * (4 + b))()
-        self._f32_host = (ctypes.c_float * b)()
         driver.host_register(ctypes.addressof(self._ctrl_host), ctypes.sizeof(self._ctrl_host), read_only=False)
-        driver.host_register(ctypes.addressof(self._f32_host), ctypes.sizeof(self._f32_host), read_only=False)
         self.vocab_ids = DeviceArray.empty((b,), "i4")  # (b,) i32 gathered LM-head rows
         self.gathered = DeviceArray.empty((b,), "f4")  # (b,) f32 gathered logits
         self.token = model.ctrl.view(2, (1,))  # the sampler's output
@@ -96,10 +95,18 @@ class CudaRunner:
         self.position += n
 
     def _read_f32(self, src: DeviceArray, count: int):
+        """count floats from the device as a NumPy array."""
         import numpy as np
 
         out = np.empty(count, dtype=np.float32)
         driver.memcpy_async(out.ctypes.data, src.ptr, 4 * count, driver.D2H, self.stream)
+        driver.synchronize(self.stream)
+        return out
+
+    def _read_small(self, src: DeviceArray, count: int) -> array.array:
+        """A few floats (gathered logits) as array('f'): system1's cold path never needs NumPy."""
+        out = array.array("f", bytes(4 * count))
+        driver.memcpy_async(out.buffer_info()[0], src.ptr, 4 * count, driver.D2H, self.stream)
         driver.synchronize(self.stream)
         return out
 
@@ -154,7 +161,7 @@ class CudaRunner:
         driver.memcpy_async(self.vocab_ids.ptr, ctypes.addressof(h) + 16, 4 * n_out, driver.H2D, self.stream)
         for launch in self.model.head_gather(first, rows, self.vocab_ids, n_out, self.gathered, per_row):
             launch(self.stream)
-        return self._read_f32(self.gathered, n_out)
+        return self._read_small(self.gathered, n_out)
 
     def sample_next(self, ids: Sequence[int], params: SamplingParams, step: int) -> int:
         """Consume ids and choose the next token on the device; only the token id comes back."""

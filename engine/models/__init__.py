@@ -19,10 +19,16 @@ _FAMILIES = {
 }
 
 
-def family(arch: str) -> ModuleType:
+def family_name(arch: str) -> str:
+    """The family module's name; `engine.models.<name>` is its NumPy model, `<name>_cuda` its CUDA one."""
     name = _FAMILIES.get(arch)
     if name is None:
         raise UnsupportedArchitecture(f"architecture '{arch}' is not supported (supported: {', '.join(_FAMILIES)})")
+    return name
+
+
+def family(arch: str) -> ModuleType:
+    """The NumPy family module (imports the NumPy backend)."""
     import importlib
 
-    return importlib.import_module(f"engine.models.{name}")
+    return importlib.import_module(f"engine.models.{family_name(arch)}")

@@ -34,15 +34,6 @@ def load(gf: GGUFFile, specs: list[TensorSpec], n_layers: int) -> tuple[dict[str
     return top, layers
 
 
-def head_specs(cfg: ModelConfig) -> list[TensorSpec]:
-    d = cfg.dim
-    return [
-        TensorSpec("token_embd.weight", (d, cfg.n_vocab)),
-        TensorSpec("output_norm.weight", (d,)),
-        TensorSpec("output.weight", (d, cfg.n_vocab), required=not cfg.tied_output),
-    ]
-
-
 class Head:
     """token_embd (n_vocab, dim), output_norm (dim,), output (n_vocab, dim): the runner reads `output`."""
 
@@ -54,20 +45,6 @@ class Head:
 
     def final_norm(self, x: np.ndarray) -> np.ndarray:
         return ops.rmsnorm(x, self.output_norm, self.cfg.norm_eps)
-
-
-def attention_specs(cfg: ModelConfig, b: str, qk_norm: bool, gated: bool = False) -> list[TensorSpec]:
-    """Tensors of a GQA attention block. `gated`: attn_q also yields a per-head output gate (qwen35)."""
-    d, hd, vd = cfg.dim, cfg.head_dim, cfg.value_dim
-    q_rows = cfg.n_heads * hd * (2 if gated else 1)
-    return [
-        TensorSpec(b + "attn_q.weight", (d, q_rows)),
-        TensorSpec(b + "attn_k.weight", (d, cfg.n_kv_heads * hd)),
-        TensorSpec(b + "attn_v.weight", (d, cfg.n_kv_heads * vd)),
-        TensorSpec(b + "attn_output.weight", (cfg.n_heads * vd, d)),
-        TensorSpec(b + "attn_q_norm.weight", (hd,), required=qk_norm),
-        TensorSpec(b + "attn_k_norm.weight", (hd,), required=qk_norm),
-    ]
 
 
 def attention(L: dict[str, np.ndarray], h: np.ndarray, cfg: ModelConfig, cache, slot: int, start: int,
@@ -96,19 +73,6 @@ def attention(L: dict[str, np.ndarray], h: np.ndarray, cfg: ModelConfig, cache, 
     if gate is not None:
         o = o * ops.sigmoid(gate)
     return o.reshape(n, c.n_heads * c.value_dim) @ L["attn_output"].T
-
-
-def ffn_specs(cfg: ModelConfig, layer: int) -> list[TensorSpec]:
-    """The FFN of `layer`: routed experts when the model has them (past any leading dense layers), else dense."""
-    b = f"blk.{layer}."
-    if cfg.moe is not None and layer >= cfg.moe.n_dense_leading:
-        return moe.tensor_specs(cfg, b)
-    d, f = cfg.dim, cfg.hidden_dim
-    return [
-        TensorSpec(b + "ffn_gate.weight", (d, f)),
-        TensorSpec(b + "ffn_up.weight", (d, f)),
-        TensorSpec(b + "ffn_down.weight", (f, d)),
-    ]
 
 
 def ffn(L: dict[str, np.ndarray], h: np.ndarray, cfg: ModelConfig, layer: int) -> np.ndarray:

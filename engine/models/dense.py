@@ -13,25 +13,14 @@ from engine.config import ModelConfig
 from engine.cpu import ops
 from engine.cpu.kvcache import KVCache
 from engine.gguf import GGUFFile
-from engine.models import blocks
-from engine.weights import TensorSpec
-
-
-def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
-    specs = [*blocks.head_specs(cfg), TensorSpec("rope_freqs.weight", (cfg.rope_dim // 2,), required=False)]
-    for i in range(cfg.n_layers):
-        b = f"blk.{i}."
-        specs += [TensorSpec(b + "attn_norm.weight", (cfg.dim,)), TensorSpec(b + "ffn_norm.weight", (cfg.dim,))]
-        specs += blocks.attention_specs(cfg, b, qk_norm=cfg.qk_norm)
-        specs += blocks.ffn_specs(cfg, i)
-    return specs
+from engine.models import blocks, specs
 
 
 class CpuModel(blocks.Head):
     """The NumPy reference forward pass. Weights are dequantized to float32 once, here."""
 
     def __init__(self, cfg: ModelConfig, gf: GGUFFile):
-        top, self.layers = blocks.load(gf, tensor_specs(cfg), cfg.n_layers)
+        top, self.layers = blocks.load(gf, specs.dense(cfg), cfg.n_layers)
         super().__init__(cfg, top)
         self.rope_freqs = top.get("rope_freqs")  # (rope_dim / 2,) or None
 

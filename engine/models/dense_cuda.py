@@ -20,7 +20,7 @@ from engine.cuda import k_misc as kx
 from engine.cuda.driver import DeviceArray, Launch
 from engine.cuda.upload import DeviceWeights
 from engine.errors import UnsupportedArchitecture
-from engine.models.dense import tensor_specs
+from engine.models import specs
 from engine.weights import resolve
 
 SMALL_BATCH = 8  # up to this many tokens, matvec kernels (one weight read for all tokens) beat a GEMM tile
@@ -32,12 +32,13 @@ class CudaModel:
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
         if cfg.moe is not None:
             raise UnsupportedArchitecture(f"{cfg.arch}: mixture-of-experts layers have no CUDA path yet")
-        if cfg.rope_scaling.kind not in ("none", "linear"):
-            raise UnsupportedArchitecture(f"{cfg.arch}: RoPE scaling '{cfg.rope_scaling.kind}' has no CUDA path yet")
+        if cfg.rope_scaling.kind not in ("none", "linear") or cfg.rope_scaling.mscale != 1.0:
+            raise UnsupportedArchitecture(f"{cfg.arch}: RoPE scaling '{cfg.rope_scaling.kind}' (cos/sin magnitude "
+                                          f"{cfg.rope_scaling.mscale}) has no CUDA path yet")  # fmt: skip
         self.cfg = cfg
         self.max_seq = max_seq
         self.max_batch = max_batch
-        infos = resolve(weights.gf, tensor_specs(cfg))
+        infos = resolve(weights.gf, specs.dense(cfg))
         self.token_embd = weights.matrix(infos["token_embd.weight"])  # (n_vocab rows, dim)
         self.output = self.token_embd if cfg.tied_output else weights.matrix(infos["output.weight"])
         self.output_norm = weights.vector(infos["output_norm.weight"])  # (dim,) f32

@@ -25,7 +25,7 @@ from engine.cpu import deltanet, ops
 from engine.cpu.kvcache import HybridCache, KVCache
 from engine.errors import GGUFError
 from engine.gguf import GGUFFile
-from engine.models import blocks
+from engine.models import blocks, specs
 from engine.weights import TensorSpec
 
 
@@ -52,19 +52,19 @@ def _deltanet_specs(cfg: ModelConfig, b: str) -> list[TensorSpec]:
 
 def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     assert cfg.gdn is not None
-    specs = blocks.head_specs(cfg)
+    out = specs.head_specs(cfg)
     for i, recurrent in enumerate(cfg.gdn.recurrent):
         b = f"blk.{i}."
-        specs += [
+        out += [
             TensorSpec(b + "attn_norm.weight", (cfg.dim,)),
             TensorSpec(b + "post_attention_norm.weight", (cfg.dim,)),
         ]
         if recurrent:
-            specs += _deltanet_specs(cfg, b)
+            out += _deltanet_specs(cfg, b)
         else:
-            specs += blocks.attention_specs(cfg, b, qk_norm=True, gated=True)
-        specs += blocks.ffn_specs(cfg, i)
-    return specs
+            out += specs.attention_specs(cfg, b, qk_norm=True, gated=True)
+        out += specs.ffn_specs(cfg, i)
+    return out
 
 
 class CpuModel(blocks.Head):

@@ -20,7 +20,7 @@ from engine.config import ModelConfig
 from engine.cpu import ops
 from engine.cpu.kvcache import LatentCache
 from engine.gguf import GGUFFile
-from engine.models import blocks
+from engine.models import blocks, specs
 from engine.weights import TensorSpec
 
 
@@ -48,13 +48,13 @@ def _attention_specs(cfg: ModelConfig, b: str) -> list[TensorSpec]:
 
 
 def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
-    specs = blocks.head_specs(cfg)
+    out = specs.head_specs(cfg)
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
-        specs += [TensorSpec(b + "attn_norm.weight", (cfg.dim,)), TensorSpec(b + "ffn_norm.weight", (cfg.dim,))]
-        specs += _attention_specs(cfg, b)
-        specs += blocks.ffn_specs(cfg, i)
-    return specs
+        out += [TensorSpec(b + "attn_norm.weight", (cfg.dim,)), TensorSpec(b + "ffn_norm.weight", (cfg.dim,))]
+        out += _attention_specs(cfg, b)
+        out += specs.ffn_specs(cfg, i)
+    return out
 
 
 def kq_scale(cfg: ModelConfig) -> float:

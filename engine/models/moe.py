@@ -10,34 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.config import ModelConfig, MoE
+from engine.config import MoE
 from engine.cpu import ops
-from engine.weights import TensorSpec
 
 # llama.cpp clamps the weight sum before dividing, to the smallest normal f16, so a zero sum cannot blow up.
 _MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
-
-
-def tensor_specs(cfg: ModelConfig, b: str) -> list[TensorSpec]:
-    """The MoE FFN tensors of the layer with prefix b ("blk.N."). GGUF ne of the stacks is [in, out, n_expert]."""
-    moe = cfg.moe
-    assert moe is not None
-    d, e, f, s = cfg.dim, moe.n_experts, moe.expert_hidden_dim, moe.shared_hidden_dim
-    specs = [
-        TensorSpec(b + "ffn_gate_inp.weight", (d, e)),
-        TensorSpec(b + "exp_probs_b.bias", (e,), required=False),
-        TensorSpec(b + "ffn_gate_exps.weight", (d, f, e)),
-        TensorSpec(b + "ffn_up_exps.weight", (d, f, e)),
-        TensorSpec(b + "ffn_down_exps.weight", (f, d, e)),
-    ]
-    if s:
-        specs += [
-            TensorSpec(b + "ffn_gate_shexp.weight", (d, s)),
-            TensorSpec(b + "ffn_up_shexp.weight", (d, s)),
-            TensorSpec(b + "ffn_down_shexp.weight", (s, d)),
-            TensorSpec(b + "ffn_gate_inp_shexp.weight", (d,), required=False),
-        ]
-    return specs
 
 
 def route(logits: np.ndarray, moe: MoE, bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

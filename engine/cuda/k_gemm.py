@@ -1,0 +1,87 @@
+"""Launch wrappers for kernels/gemm.cu: prefill matmuls (n > 8 tokens) straight from GGUF blocks.
+
+Each function checks its buffers and returns a `driver.Launch` (it does not launch). Names, argument order, grid and
+block follow kernels/README.md. Buffers may be larger than needed. A, resid and C are read and written as float4 and
+weights as 8-byte words, so all must be 16-byte aligned (cudaMalloc'd arrays and GGUF tensor offsets are). Other
+blocks read A while a block writes C, so A must not overlap C; resid is either C itself or apart from it.
+"""
+
+from __future__ import annotations
+
+from engine.cuda import driver
+from engine.cuda.driver import DeviceArray, DeviceWeight, Launch, i32, i64, ptr
+from engine.errors import CudaError
+from engine.quants import BLOCK_SIZES, GGMLType, row_bytes
+
+TILE = 64  # output tile per block: 64 weight rows (grid.x) x 64 tokens (grid.y)
+THREADS = 128
+
+
+def _need(a: DeviceArray, name: str, n: int) -> None:
+    if a.dtype != "f4" or a.size < n:
+        raise CudaError(f"gemm {name}: needs {n} elements of f4, got {a.size} of {a.dtype}")
+    if a.ptr % 16:
+        raise CudaError(f"gemm {name}: address {a.ptr:#x} is not 16-byte aligned")
+
+
+def _need_weight(w: DeviceWeight) -> None:
+    t = GGMLType(w.ggml_type)
+    if w.ptr % 16:
+        raise CudaError(f"gemm weight {w.name}: address {w.ptr:#x} is not 16-byte aligned")
+    # The kernels step K by 32 (16 in swiglu) and read each row as whole blocks, row_bytes apart.
+    if w.cols % max(32, BLOCK_SIZES[t][0]) or w.row_bytes != row_bytes(t, w.cols):
+        raise CudaError(f"gemm weight {w.name}: {w.cols} columns in rows of {w.row_bytes} bytes is not whole "
+                        f"{w.tag} blocks in multiples of 32 values")  # fmt: skip
+
+
+def _overlap(a: DeviceArray, a_elems: int, b: DeviceArray, b_elems: int) -> bool:
+    return a.ptr < b.ptr + 4 * b_elems and b.ptr < a.ptr + 4 * a_elems
+
+
+def _check(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray) -> None:
+    if not 1 <= n <= 65535 * TILE:  # grid.y <= 65535
+        raise CudaError(f"gemm: n={n} must be in 1..{65535 * TILE}")
+    _need_weight(w)
+    _need(a, "A", n * w.cols)
+    _need(c, "C", n * w.rows)
+    if _overlap(a, n * w.cols, c, n * w.rows):
+        raise CudaError("gemm: A overlaps C")
+
+
+def _grid(w: DeviceWeight, n: int) -> tuple[int, int]:
+    return (w.rows + TILE - 1) // TILE, (n + TILE - 1) // TILE
+
+
+def gemm(
+    w: DeviceWeight,  # (R, K) GGUF blocks
+    a: DeviceArray,  # (n, K) f4
+    n: int,  # tokens, >= 1
+    c: DeviceArray,  # (n, R) f4; c = a . w^T (+ resid)
+    *,
+    resid: DeviceArray | None = None,  # (n, R) f4: c itself (in-place residual add) or a separate array
+) -> Launch:
+    _check(w, a, n, c)
+    if resid is not None:
+        _need(resid, "resid", n * w.rows)
+        if resid.ptr != c.ptr and _overlap(resid, n * w.rows, c, n * w.rows):
+            raise CudaError("gemm: resid overlaps C without being C")
+    fn = driver.module("gemm").fn(f"gemm_{w.tag}")
+    args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(a), i32(n), ptr(resid), ptr(c)]
+    return Launch(fn, _grid(w, n), (THREADS,), args)
+
+
+def gemm_swiglu(
+    wg: DeviceWeight,  # (R, K) GGUF blocks: ffn_gate
+    wu: DeviceWeight,  # (R, K) same type and layout: ffn_up
+    a: DeviceArray,  # (n, K) f4
+    n: int,  # tokens, >= 1
+    c: DeviceArray,  # (n, R) f4; c = silu(a . wg^T) * (a . wu^T)
+) -> Launch:
+    if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
+        raise CudaError(f"gemm_swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
+                        f"{wu.rows}x{wu.cols}")  # fmt: skip
+    _check(wg, a, n, c)
+    _need_weight(wu)
+    fn = driver.module("gemm").fn(f"gemm_swiglu_{wg.tag}")
+    args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(a), i32(n), ptr(c)]
+    return Launch(fn, _grid(wg, n), (THREADS,), args)

@@ -1,0 +1,208 @@
+// Causal grouped-query attention over the float32 KV cache (contract: kernels/README.md; math: engine/cpu/ops.py
+// `attention`). Scores are kept in log2 units (q is pre-multiplied by scale * log2 e) so the softmax uses exp2f;
+// part_ml stores the split maxima back in natural units. Layouts: q[n, H, hd], cache[pos, KVH, hd|vd].
+#include "attention_common.cuh"
+#include "attention_prefill.cuh"
+
+namespace {
+
+// ---- decode ----------------------------------------------------------------------------------------------------
+// Block (kv head g, split s), 4 warps. The split's keys are dealt to warps in tiles of 32 (warp w: tiles w, w+4,
+// ...); every warp keeps its own online softmax for GC q heads at once and the 4 are merged at the end, so each K/V
+// row is read once from memory. Lane `lane` owns dims 4*lane + 128*i (i < NI) of q, k, v and of the accumulators.
+// Scores of a tile come in GC groups of KG = 32/GC keys: each lane forms the KG x GC partial dot products of its
+// dims, and one transpose_sum leaves lane L holding score (key j*KG + L/GC, head L%GC) of group j in sc[j].
+// Heads beyond GC are done in further passes over the keys (G > 8, or G > 4 with 256-wide heads); padding heads
+// (q = 0) are computed and dropped.
+template <int NI, int GC>
+__device__ __forceinline__ void decode_heads(const float* __restrict__ q, const float* __restrict__ kc,
+                                             const float* __restrict__ vc, int H, int KVH, int hd, int vd,
+                                             float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
+                                             float* __restrict__ part_ml, float* sm) {
+    constexpr int KG = 32 / GC;
+    const int g = blockIdx.x, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int G = H / KVH;
+    const long long krow = (long long)KVH * hd, vrow = (long long)KVH * vd;  // floats between positions
+    const float* kg = kc + (long long)g * hd;
+    const float* vg = vc + (long long)g * vd;
+    float* sp = sm + warp * 32 * GC;         // [32 keys][GC heads]: probabilities of this warp's current tile
+    float* sacc = sm + 4 * 32 * GC;          // [4 warps][GC][NI * 128]: accumulators, for the merge
+    float* sml = sacc + 4 * GC * NI * 128;   // [4 warps][GC][2]: max (log2 units) and sum
+    const float qscale = scale * LOG2E;
+
+    for (int c0 = 0; c0 < G; c0 += GC) {
+        float4 qr[GC][NI], acc[GC][NI];
+#pragma unroll
+        for (int h = 0; h < GC; ++h)
+#pragma unroll
+            for (int i = 0; i < NI; ++i) {
+                const int d = 128 * i + 4 * lane;
+                qr[h][i] = c0 + h < G && d < hd ? ldg4(q + (long long)(g * G + c0 + h) * hd + d) : zero4();
+                scale4(qr[h][i], qscale);
+                acc[h][i] = zero4();
+            }
+        float m = neg_inf(), l = 0.0f;  // for head lane % GC: running max, and this lane's share of the sum
+
+        for (int kt = k0 + 32 * warp; kt < k1; kt += 128) {
+            const int nk = min(32, k1 - kt);
+            // Raw scores go to sp (sp[j*32 + lane] for group j) so the group loop need not be unrolled: unrolled,
+            // the compiler hoists every group's loads and runs out of registers.
+#pragma unroll 1
+            for (int j = 0; j < GC; ++j) {
+                float part[32];  // part[u * GC + h]: this lane's share of q_h . k_(j*KG + u)
+#pragma unroll
+                for (int u = 0; u < KG; ++u) {
+                    const int key = j * KG + u;
+                    float4 kv[NI];
+#pragma unroll
+                    for (int i = 0; i < NI; ++i) {
+                        const int d = 128 * i + 4 * lane;
+                        kv[i] = key < nk && d < hd ? ldg4(kg + (long long)(kt + key) * krow + d) : zero4();
+                    }
+#pragma unroll
+                    for (int h = 0; h < GC; ++h) {
+                        float a = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < NI; ++i) a = dot4(qr[h][i], kv[i], a);
+                        part[u * GC + h] = a;
+                    }
+                }
+                const float sj = transpose_sum<16>(part, lane);
+                sp[j * 32 + lane] = j * KG + lane / GC < nk ? sj : neg_inf();
+            }
+            float sc[GC];
+#pragma unroll
+            for (int j = 0; j < GC; ++j) sc[j] = sp[j * 32 + lane];  // written by this same lane
+            // Online softmax of head lane % GC over the tile; lanes sharing a head differ only in bits >= GC.
+            float mt = sc[0];
+#pragma unroll
+            for (int j = 1; j < GC; ++j) mt = fmaxf(mt, sc[j]);
+#pragma unroll
+            for (int o = GC; o < 32; o <<= 1) mt = shfl_max(mt, o);
+            const float mn = fmaxf(m, mt);  // finite: key 0 of the tile is valid
+            const float corr = exp2f(m - mn);
+            m = mn;
+            float psum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < GC; ++j) {
+                const float p = exp2f(sc[j] - mn);
+                psum += p;
+                sp[j * 32 + lane] = p;  // = sp[key * GC + head] for key j*KG + lane/GC
+            }
+            l = l * corr + psum;
+#pragma unroll
+            for (int h = 0; h < GC; ++h) {
+                const float ch = __shfl_sync(0xffffffffu, corr, h);  // lane h holds head h
+#pragma unroll
+                for (int i = 0; i < NI; ++i) scale4(acc[h][i], ch);
+            }
+            __syncwarp();
+#pragma unroll 8  // 8 rows of V in flight
+            for (int t = 0; t < nk; ++t) {
+                float4 vv[NI];
+#pragma unroll
+                for (int i = 0; i < NI; ++i) {
+                    const int d = 128 * i + 4 * lane;
+                    vv[i] = d < vd ? ldg4(vg + (long long)(kt + t) * vrow + d) : zero4();
+                }
+#pragma unroll
+                for (int h = 0; h < GC; ++h) {
+                    const float p = sp[t * GC + h];
+#pragma unroll
+                    for (int i = 0; i < NI; ++i) axpy4(acc[h][i], p, vv[i]);
+                }
+            }
+            __syncwarp();  // sp is rewritten by the next tile
+        }
+
+        // Merge the 4 warps: o = sum_w acc_w * 2^(m_w - M), sum likewise; an empty warp has m = -inf, weight 0.
+#pragma unroll
+        for (int o = GC; o < 32; o <<= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane < GC) {
+            sml[(warp * GC + lane) * 2] = m;
+            sml[(warp * GC + lane) * 2 + 1] = l;
+        }
+#pragma unroll
+        for (int h = 0; h < GC; ++h)
+#pragma unroll
+            for (int i = 0; i < NI; ++i) sts4(sacc + (warp * GC + h) * NI * 128 + 128 * i + 4 * lane, acc[h][i]);
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < GC * vd; idx += 128) {
+            const int h = idx / vd, e = idx - h * vd;
+            if (c0 + h >= G) break;  // idx only grows, so every later idx is a padding head too
+            float M = neg_inf();
+#pragma unroll
+            for (int w = 0; w < 4; ++w) M = fmaxf(M, sml[(w * GC + h) * 2]);
+            float o = 0.0f, L = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const float mw = sml[(w * GC + h) * 2];
+                const float f = mw == neg_inf() ? 0.0f : exp2f(mw - M);
+                o = fmaf(f, sacc[(w * GC + h) * NI * 128 + e], o);
+                L = fmaf(f, sml[(w * GC + h) * 2 + 1], L);
+            }
+            const long long r = (long long)(g * G + c0 + h) * n_splits + s;  // row of part_*: (q head, split)
+            part_o[r * vd + e] = o;
+            if (e == 0) {
+                part_ml[2 * r] = M == neg_inf() ? M : M * LN2;
+                part_ml[2 * r + 1] = L;
+            }
+        }
+        __syncthreads();  // sacc / sml are reused by the next head chunk
+    }
+}
+
+}  // namespace
+
+// grid (KVH, n_splits), block 128. Split s covers keys [s*chunk, min((s+1)*chunk, L)), L = *pos + 1.
+extern "C" __global__ void __launch_bounds__(128, 3)
+attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+            const int* __restrict__ pos, int H, int KVH, int hd, int vd, float scale, int n_splits,
+            float* __restrict__ part_o, float* __restrict__ part_ml) {
+    __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
+    float* sm = reinterpret_cast<float*>(sm4);
+    const int L = *pos + 1;
+    const int chunk = (L + n_splits - 1) / n_splits;
+    const int k0 = min(blockIdx.y * chunk, L), k1 = min(k0 + chunk, L);
+    const int G = H / KVH;
+#define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, k0, k1, part_o, \
+                                            part_ml, sm)
+    // GC = 8 or 4 heads per pass (fewer kv heads' worth of q padded with zero heads): smaller groups would hold
+    // more keys' loads in flight per group and push the whole kernel's register count up.
+    if (max(hd, vd) <= 128) {
+        if (G > 4) DECODE(1, 8); else DECODE(1, 4);
+    } else {
+        DECODE(2, 4);
+    }
+#undef DECODE
+}
+
+// out[h, :] = sum_s w_s * part_o[h, s, :] / sum_s w_s * l_s, with w_s = exp(m_s - max m). grid.x = H, block 128.
+extern "C" __global__ void __launch_bounds__(128)
+attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int H, int n_splits, int vd,
+             float* __restrict__ out) {
+    const long long h = blockIdx.x;
+    const float* ml = part_ml + h * n_splits * 2;
+    float M = neg_inf();
+    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml[2 * s]);
+    for (int e = threadIdx.x; e < vd; e += 128) {
+        float o = 0.0f, L = 0.0f;
+        for (int s = 0; s < n_splits; ++s) {
+            const float w = ml[2 * s] == neg_inf() ? 0.0f : expf(ml[2 * s] - M);
+            o = fmaf(w, part_o[(h * n_splits + s) * vd + e], o);
+            L = fmaf(w, ml[2 * s + 1], L);
+        }
+        out[h * vd + e] = o / L;
+    }
+}
+
+// grid (ceil(n / 32), H), block 128, dynamic shared memory (2 * 32 * (hd + 4) + 32 * vd + 1056) * 4 bytes.
+extern "C" __global__ void __launch_bounds__(128, 2)
+attn_prefill(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+             const int* __restrict__ pos, int n, int H, int KVH, int hd, int vd, float scale,
+             float* __restrict__ out) {
+    extern __shared__ float4 dsm4[];
+    float* sm = reinterpret_cast<float*>(dsm4);
+    if (vd <= 128) prefill_rows<1>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);
+    else prefill_rows<2>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);
+}

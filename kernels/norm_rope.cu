@@ -1,0 +1,105 @@
+// RMSNorm of activation rows, and the per-token attention preamble: QK-norm, RoPE, K/V into the cache.
+// Reference math: engine/cpu/ops.py (rmsnorm, rope_angles, apply_rope). Contract: kernels/README.md.
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over a block of 256 threads, returned to every thread. `red` holds 8 floats.
+__device__ __forceinline__ float block_sum_256(float v, float* red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < 8 ? red[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+}  // namespace
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w. Block 256, grid.x = n (one row per block). y may equal x:
+// every element is read in the first loop (before the block-wide sum) and again, by the same thread, just
+// before that thread overwrites it.
+extern "C" __global__ void __launch_bounds__(256)
+rmsnorm_rows(const float* x, const float* __restrict__ w, float eps, float* y, int n, int K) {
+    __shared__ float red[8];
+    const long long row = blockIdx.x;
+    const float* xr = x + row * K;
+    float* yr = y + row * K;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < K; i += 256) {
+        const float v = xr[i];
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum_256(ss, red);
+    const float r = 1.0f / sqrtf(ss / float(K) + eps);  // not rsqrtf: ops.py divides by a correctly rounded sqrt
+    for (int i = threadIdx.x; i < K; i += 256) yr[i] = (xr[i] * r) * w[i];
+}
+
+// One token per block (grid.x = n, block 256 = 8 warps). Token t sits at position p = *pos + t.
+// Heads are dealt to warps: head slot hh in [0, H + KVH) is a q head (hh < H, rewritten in place) or a k head
+// (written to k_cache[p, hh - H, :]). A warp copies its head (<= 256 values) into its own shared row, optionally
+// RMS-normalises it there, then writes the rotated values: rotation partners are read back from the shared row, so
+// in-place q works without a block barrier. v is copied to v_cache[p] unchanged.
+extern "C" __global__ void __launch_bounds__(256)
+qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, int n, int H, int KVH, int hd, int vd,
+           const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int rope_dim, float theta,
+           float freq_scale, const float* __restrict__ freq_factors, int rope_neox, const int* __restrict__ pos,
+           float* __restrict__ k_cache, float* __restrict__ v_cache) {
+    __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
+    __shared__ float row[8][256];       // one head per warp
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int p = *pos + t;
+    const int half = rope_dim >> 1;
+
+    // Pair i turns by p * freq_scale * theta^(-2i / rope_dim) / freq_factors[i]: float32 powf/sincosf (accurate
+    // library versions, not the intrinsics), as the contract says.
+    for (int i = threadIdx.x; i < half; i += 256) {
+        float inv = powf(theta, -2.0f * float(i) / float(rope_dim));
+        if (freq_factors) inv /= freq_factors[i];
+        sincosf(float(p) * freq_scale * inv, &sn[i], &cs[i]);
+    }
+    __syncthreads();
+
+    float* b = row[warp];
+    for (int hh = warp; hh < H + KVH; hh += 8) {
+        const bool is_q = hh < H;
+        const int head = is_q ? hh : hh - H;
+        const float* src = is_q ? q + ((long long)t * H + head) * hd : k + ((long long)t * KVH + head) * hd;
+        float* dst = is_q ? q + ((long long)t * H + head) * hd : k_cache + ((long long)p * KVH + head) * hd;
+        const float* nw = is_q ? q_norm : k_norm;
+
+        float ss = 0.0f;
+        for (int j = lane; j < hd; j += 32) {
+            const float x = src[j];
+            b[j] = x;
+            ss = fmaf(x, x, ss);
+        }
+        if (nw) {  // QK-norm over this head's hd values (uniform across the warp)
+            const float r = 1.0f / sqrtf(warp_sum(ss) / float(hd) + eps);
+            for (int j = lane; j < hd; j += 32) b[j] = (b[j] * r) * nw[j];
+        }
+        __syncwarp();
+        for (int j = lane; j < hd; j += 32) {
+            float o = b[j];
+            if (j < rope_dim) {
+                // NEOX pairs (i, i + half); normal pairs (2i, 2i + 1). `second`: j is the pair's second element.
+                const bool second = rope_neox ? j >= half : (j & 1);
+                const int i = rope_neox ? (second ? j - half : j) : (j >> 1);
+                const int ia = rope_neox ? i : 2 * i, ib = rope_neox ? i + half : 2 * i + 1;
+                const float a = b[ia], c = b[ib];
+                o = second ? c * cs[i] + a * sn[i] : a * cs[i] - c * sn[i];
+            }
+            dst[j] = o;
+        }
+        __syncwarp();  // the row is reused by this warp's next head
+    }
+
+    const long long kv = (long long)KVH * vd;  // floats per position of v and of v_cache
+    for (int i = threadIdx.x; i < KVH * vd; i += 256) v_cache[(long long)p * kv + i] = v[(long long)t * kv + i];
+}

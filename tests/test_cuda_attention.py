@@ -1,0 +1,274 @@
+"""kernels/norm_rope.cu, attention.cu and sample.cu on the GPU against float64 NumPy references written from the math
+of engine/cpu/ops.py, and the device sampler against engine.sampling.sample.
+
+Fresh random inputs every run; the seed is in every failure message (ATTN_SEED=<seed> replays one). Outputs are
+poisoned with NaN bytes first, so a value the kernel failed to write shows up; cache rows outside the positions a
+kernel may touch are poisoned too and must come back unchanged (writers) or must not leak into results (readers).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from engine.cpu import ops
+from engine.cuda import driver
+from engine.cuda import k_attention as ka
+from engine.cuda.driver import DeviceArray
+from engine.sampling import SamplingParams, sample
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def context() -> None:
+    driver.start_context(0)
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("ATTN_SEED") or np.random.default_rng().integers(2**63))
+
+
+def dev(a: np.ndarray, dtype=np.float32) -> DeviceArray:
+    return DeviceArray.from_host(np.ascontiguousarray(a, dtype=dtype))
+
+
+def poisoned(shape: tuple[int, ...], dtype: str = "f4") -> DeviceArray:
+    a = DeviceArray.empty(shape, dtype)
+    a.fill_byte(0xFF)  # float32 NaN, int32 -1
+    return a
+
+
+def run(launch: driver.Launch) -> None:
+    # A Launch holds raw pointers only: every DeviceArray it uses must stay referenced until this returns.
+    launch(0)
+    driver.synchronize(0)
+
+
+def cache_with(rows: np.ndarray, max_seq: int, start: int = 0) -> DeviceArray:
+    """A poisoned (max_seq, heads, d) cache with rows[j] at position start + j."""
+    c = poisoned((max_seq, *rows.shape[1:]))
+    c.view(start * rows[0].size, rows.shape).copy_from_host(rows.astype(np.float32))
+    return c
+
+
+# -- references (float64) --------------------------------------------------------------------------------------
+
+
+def rmsnorm64(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w.astype(np.float64)
+
+
+def rope64(x, positions, rope_dim, theta, freq_scale, factors, neox) -> np.ndarray:
+    """x (n, heads, hd) rotated as ops.apply_rope does, with angles from the contract's formula in float64."""
+    inv = float(theta) ** (-2.0 * np.arange(rope_dim // 2) / rope_dim)
+    if factors is not None:
+        inv = inv / factors.astype(np.float64)
+    ang = positions.astype(np.float64)[:, None] * float(freq_scale) * inv[None, :]
+    return ops.apply_rope(x.astype(np.float64), np.cos(ang), np.sin(ang), "neox" if neox else "norm")
+
+
+def attention64(q, k, v, start: int, scale: float) -> np.ndarray:
+    """ops.attention in float64: q (n, H, d), k (T, KVH, d), v (T, KVH, dv) -> (n, H, dv)."""
+    n, H, _ = q.shape
+    group = H // k.shape[1]
+    out = np.empty((n, H, v.shape[2]))
+    for h in range(H):
+        s = q[:, h].astype(np.float64) @ k[:, h // group].astype(np.float64).T * scale  # (n, T)
+        s[np.arange(k.shape[0])[None, :] > start + np.arange(n)[:, None]] = -np.inf
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:, h] = (p / p.sum(axis=1, keepdims=True)) @ v[:, h // group].astype(np.float64)
+    return out
+
+
+# -- rmsnorm_rows, qk_rope_kv --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, K", [(1, 32), (3, 1000), (64, 4096), (5, 2048)])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_rmsnorm_rows(n: int, K: int, in_place: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n, K)) * rng.uniform(0.1, 10)).astype(np.float32)
+    w = rng.standard_normal(K).astype(np.float32)
+    dx, dw = dev(x), dev(w)
+    dy = dx if in_place else poisoned((n, K))
+    run(ka.rmsnorm_rows(dx, dw, 1e-6, dy, n))
+    np.testing.assert_allclose(dy.to_host(), rmsnorm64(x, w, 1e-6), rtol=2e-5, atol=2e-5, err_msg=f"seed {seed}")
+
+
+ROPE_CASES = [  # (hd, rope_dim, neox, qk_norm, factors, freq_scale, n, pos0)
+    (128, 128, True, True, False, 1.0, 5, 0),
+    (128, 128, False, False, False, 1.0, 7, 37),
+    (128, 64, True, True, True, 1.0, 20, 100),
+    (128, 96, False, True, False, 0.25, 3, 11),
+    (64, 64, False, False, True, 1.0, 1, 3000),
+    (64, 32, True, False, False, 0.5, 9, 2),
+    (256, 256, True, True, False, 1.0, 4, 500),
+    (256, 64, False, True, True, 1.0, 2, 1),
+]
+
+
+@pytest.mark.parametrize("hd, rope_dim, neox, qk_norm, use_factors, freq_scale, n, pos0", ROPE_CASES)
+def test_qk_rope_kv(hd, rope_dim, neox, qk_norm, use_factors, freq_scale, n, pos0, seed) -> None:
+    rng = np.random.default_rng(seed)
+    H, KVH, vd, max_seq, eps, theta = 8, 2, hd // 2 + 4, pos0 + n + 3, 1e-6, 1e6 if neox else 1e4
+    q = rng.standard_normal((n, H, hd)).astype(np.float32)
+    k = rng.standard_normal((n, KVH, hd)).astype(np.float32)
+    v = rng.standard_normal((n, KVH, vd)).astype(np.float32)
+    qn = rng.uniform(0.5, 1.5, hd).astype(np.float32) if qk_norm else None
+    kn = rng.uniform(0.5, 1.5, hd).astype(np.float32) if qk_norm else None
+    factors = rng.uniform(1.0, 8.0, rope_dim // 2).astype(np.float32) if use_factors else None
+    dq, dk, dv, kc, vc = dev(q), dev(k), dev(v), poisoned((max_seq, KVH, hd)), poisoned((max_seq, KVH, vd))
+    opt = [None if a is None else dev(a) for a in (qn, kn, factors)]
+    pos = dev(np.array([pos0]), np.int32)
+    run(ka.qk_rope_kv(dq, dk, dv, n, H, KVH, hd, vd, opt[0], opt[1], eps, rope_dim, theta, freq_scale, opt[2], neox,
+                      pos, kc, vc))  # fmt: skip
+
+    positions = np.arange(pos0, pos0 + n)
+    q_ref = rmsnorm64(q, qn, eps) if qk_norm else q
+    k_ref = rmsnorm64(k, kn, eps) if qk_norm else k
+    q_ref = rope64(q_ref, positions, rope_dim, theta, freq_scale, factors, neox)
+    k_ref = rope64(k_ref, positions, rope_dim, theta, freq_scale, factors, neox)
+    # float32 angles (powf, a float32 product) err by ~1e-6 relative, i.e. in proportion to the position
+    m = max(np.abs(q_ref).max(), np.abs(k_ref).max())
+    atol = m * (2e-5 + 2e-6 * (pos0 + n))
+    ctx = f"seed {seed}"
+    np.testing.assert_allclose(dq.to_host(), q_ref, rtol=0, atol=atol, err_msg=ctx)
+    got_k, got_v = kc.to_host(), vc.to_host()
+    np.testing.assert_allclose(got_k[pos0 : pos0 + n], k_ref, rtol=0, atol=atol, err_msg=ctx)
+    assert np.array_equal(got_v[pos0 : pos0 + n], v), ctx
+    untouched = np.r_[0:pos0, pos0 + n : max_seq]
+    assert (got_k[untouched].view(np.uint32) == 0xFFFFFFFF).all(), f"{ctx}: k_cache written outside the batch"
+    assert (got_v[untouched].view(np.uint32) == 0xFFFFFFFF).all(), f"{ctx}: v_cache written outside the batch"
+
+
+# -- attention ------------------------------------------------------------------------------------------------------
+
+
+def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int, KVH: int = 2) -> None:
+    rng = np.random.default_rng(seed)
+    H, scale = KVH * group, 1.0 / np.sqrt(hd)
+    q = rng.standard_normal((1, H, hd)).astype(np.float32)
+    k = rng.standard_normal((L, KVH, hd)).astype(np.float32)
+    v = rng.standard_normal((L, KVH, vd)).astype(np.float32)
+    kc, vc = cache_with(k, L + 9), cache_with(v, L + 9)  # rows >= L are NaN and must not be read
+    part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
+    dq, pos = dev(q), dev(np.array([L - 1]), np.int32)
+    run(ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml))
+    run(ka.attn_combine(part_o, part_ml, H, n_splits, vd, out))
+    ctx = f"L={L} group={group} hd={hd} vd={vd} splits={n_splits} seed {seed}"
+    assert not np.isnan(part_o.to_host()).any() and not np.isnan(part_ml.to_host()).any(), ctx
+    ref = attention64(q, k, v, L - 1, scale)[0]
+    np.testing.assert_allclose(out.to_host(), ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
+
+
+@pytest.mark.parametrize("L", [1, 7, 33, 1000, 4096])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_attn_decode(L: int, group: int, hd: int, seed: int) -> None:
+    for n_splits in (1, 5, 32, 64):
+        check_decode(L, group, hd, hd, n_splits, seed)
+
+
+@pytest.mark.parametrize("L, group, hd, vd, n_splits", [(300, 3, 96, 96, 16), (129, 16, 128, 128, 8),
+                                                         (77, 6, 256, 256, 32), (500, 12, 80, 80, 32),
+                                                         (260, 4, 192, 128, 32), (64, 5, 128, 64, 3)])  # fmt: skip
+def test_attn_decode_odd_shapes(L, group, hd, vd, n_splits, seed) -> None:
+    check_decode(L, group, hd, vd, n_splits, seed)
+
+
+PREFILL_CASES = [(n, pos0) for n in (1, 2, 31, 32, 33, 100, 300) for pos0 in (0, 45)] + [(17, 1000), (64, 300)]
+
+
+@pytest.mark.parametrize("n, pos0", PREFILL_CASES)
+@pytest.mark.parametrize("hd, vd, group", [(128, 128, 2), (64, 64, 1), (256, 256, 4), (96, 64, 8)])
+def test_attn_prefill(n: int, pos0: int, hd: int, vd: int, group: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    KVH = 2
+    H, T, scale = KVH * group, pos0 + n, 1.0 / np.sqrt(hd)
+    q = rng.standard_normal((n, H, hd)).astype(np.float32)
+    k = rng.standard_normal((T, KVH, hd)).astype(np.float32)
+    v = rng.standard_normal((T, KVH, vd)).astype(np.float32)
+    kc, vc, out = cache_with(k, T + 40), cache_with(v, T + 40), poisoned((n, H, vd))
+    dq, pos = dev(q), dev(np.array([pos0]), np.int32)
+    run(ka.attn_prefill(dq, kc, vc, pos, n, H, KVH, hd, vd, scale, out))
+    assert np.array_equal(kc.to_host()[:T], k) and np.array_equal(vc.to_host()[:T], v), "the cache is read-only here"
+    ref = attention64(q, k, v, pos0, scale)
+    ctx = f"n={n} pos0={pos0} hd={hd} vd={vd} group={group} seed {seed}"
+    np.testing.assert_allclose(out.to_host(), ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
+
+
+# -- sampling --------------------------------------------------------------------------------------------------------
+
+
+def device_pick(launch: driver.Launch, out: DeviceArray) -> int:
+    run(launch)
+    return int(out.to_host()[0])
+
+
+@pytest.mark.parametrize("V", [1, 2, 1000, 151936, 262144])
+def test_argmax_ties(V: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    logits = np.round(rng.standard_normal(V) * 2).astype(np.float32)  # integers: many equal maxima
+    logits[rng.integers(V, size=3)] = logits.max()
+    d, out = dev(logits), poisoned((1,), "i4")
+    assert device_pick(ka.argmax(d, V, out), out) == int(np.argmax(logits)), f"seed {seed}"
+    step = dev(np.array([5]), np.int32)  # the sampler's greedy path: same id, step still advances
+    assert device_pick(ka.sample(d, V, 0.0, 0, 1.0, 1, step, out), out) == int(np.argmax(logits)), f"seed {seed}"
+    assert device_pick(ka.sample(d, V, 0.8, 1, 1.0, 1, step, out), out) == int(np.argmax(logits)), f"seed {seed}"
+    assert int(step.to_host()[0]) == 7
+
+
+SAMPLE_CASES = [  # (V, temperature, top_k, top_p, logits): flat N(0, 3), flat with ties, or LM-like peaked
+    (1000, 1.0, 0, 1.0, "flat"),
+    (151936, 0.7, 0, 1.0, "flat"),
+    (151936, 0.6, 20, 0.95, "flat"),
+    (151936, 0.8, 0, 0.9, "flat"),
+    (151936, 0.7, 0, 0.9, "peaked"),
+    (151936, 0.6, 20, 0.95, "peaked"),
+    (151936, 1.0, 0, 1.0, "peaked"),
+    (151936, 1.0, 40, 1.0, "ties"),
+    (262144, 1.3, 3000, 0.5, "ties"),
+    (32000, 0.5, 0, 0.75, "ties"),
+    (50, 2.0, 49, 0.999, "flat"),
+]
+
+
+def sample_logits(V: int, shape: str, rng: np.random.Generator) -> np.ndarray:
+    logits = (rng.standard_normal(V) * 3.0).astype(np.float32)
+    if shape == "ties":
+        logits = np.round(logits * 2) / 2  # many equal values at every threshold
+    if shape == "peaked":  # a few dozen likely tokens well above a broad tail, as real logits are
+        logits = (rng.standard_normal(V) * 2.0).astype(np.float32)
+        top = rng.choice(V, size=min(V, 40), replace=False)
+        logits[top] += rng.uniform(6.0, 14.0, top.size).astype(np.float32)
+    else:
+        logits[rng.integers(V, size=4)] += 6.0
+    return logits
+
+
+@pytest.mark.parametrize("V, temperature, top_k, top_p, shape", SAMPLE_CASES)
+def test_sample_matches_host(V, temperature, top_k, top_p, shape, seed) -> None:
+    rng = np.random.default_rng(seed)
+    logits = sample_logits(V, shape, rng)
+    d, out, step = dev(logits), poisoned((1,), "i4"), DeviceArray.empty((1,), "i4")
+    draws, same = 300, 0
+    for i in range(draws):
+        params = SamplingParams.make(temperature, top_k, top_p, seed=int(rng.integers(2**63)))
+        s = int(rng.integers(0, 100000))
+        step.copy_from_host(np.array([s], np.int32))
+        got = device_pick(ka.sample(d, V, temperature, top_k, top_p, params.seed, step, out), out)
+        assert 0 <= got < V and int(step.to_host()[0]) == s + 1, f"draw {i} seed {seed}"
+        same += got == sample(logits, params, s)
+    assert same >= 0.99 * draws, f"{same}/{draws} picks agree with engine.sampling.sample; seed {seed}"
+
+
+def test_advance() -> None:
+    pos = dev(np.array([41]), np.int32)
+    run(ka.advance(pos, 1))
+    run(ka.advance(pos, 7))
+    assert int(pos.to_host()[0]) == 49

@@ -1,0 +1,187 @@
+"""kernels/gemm.cu (prefill matmuls) against NumPy float64 on the dequantized weights.
+
+Fresh random inputs every run; the seed is in every failure message and GEMM_SEED=<seed> replays it. Outputs are
+poisoned (0xFF bytes: NaN) first and framed by poisoned guard floats, so an unwritten element or a write past the
+output fails. Weights, activations and residuals are allocated to the byte, so compute-sanitizer sees any overrun.
+Error measure: per token, |C - ref| / |ref| over the row of R outputs. Float types are exact float32 (every row within
+1e-5). Quantized types use TF32 tensor cores on sm_80+: A and W rounded to 10-bit mantissas, float32 accumulation.
+Simulated in NumPy over these shapes, that gives rows at 3e-4 typically (the median row of a launch at most 5e-4 for
+gemm, 8e-4 for swiglu) and single rows up to 1.3e-3 (gemm) and 3.2e-3 (swiglu) when R and K are small; the bounds
+below sit above those, and under what truncating instead of rounding gives (medians up to 1e-3 and 1.7e-3).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from engine.cpu.dequant import dequantize
+from engine.cuda import driver, k_gemm
+from engine.cuda.driver import DeviceArray, DeviceWeight
+from engine.errors import CudaError
+from engine.quants import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, row_bytes
+from tests.quant_data import random_weights
+
+pytestmark = pytest.mark.gpu
+
+TYPES = sorted(SUPPORTED_TYPES)
+FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+# (n, R, K): n and R below, at and past multiples of the 64 x 64 tile (R = 33: rows not a multiple of 4, so the
+# scalar store path); K from one K-quant block to Qwen3-0.6B's ffn_down.
+SHAPES = [(9, 64, 256), (64, 100, 1024), (65, 1024, 256), (200, 3072, 1024), (512, 1024, 3072), (130, 33, 256)]
+SMALL_K = [(65, 100, 32), (9, 64, 96), (200, 70, 96)]  # 1 or 3 blocks per row: not for K-quants
+GUARD = 64  # poisoned floats before and after each output (keeps the output 16-byte aligned)
+POISON = 0xFFFFFFFF
+
+
+def tolerance(ggml_type: GGMLType, swiglu: bool = False) -> tuple[float, float]:
+    """(bound on every token row, bound on the median row) of the relative error; see the module docstring."""
+    if ggml_type in FLOAT_TYPES:
+        return 1e-5, 1e-5
+    return (5e-3, 1.2e-3) if swiglu else (2.5e-3, 7e-4)  # silu(g) * u carries both products' errors
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _context() -> None:
+    driver.start_context(0)
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("GEMM_SEED") or np.random.default_rng().integers(2**63))
+
+
+def needs_blocks(ggml_type: GGMLType, cols: int) -> None:
+    if cols % BLOCK_SIZES[ggml_type][0]:
+        pytest.skip(f"{ggml_type.name} rows are whole {BLOCK_SIZES[ggml_type][0]}-value blocks")
+
+
+class Weight:
+    """A random (rows, cols) matrix on the device in its GGUF layout, allocated to the byte, and its f64 values."""
+
+    def __init__(self, rng: np.random.Generator, ggml_type: GGMLType, rows: int, cols: int):
+        raw = random_weights(rng, ggml_type, (rows, cols))  # (rows * row_bytes,) u1
+        self.dense = dequantize(raw, ggml_type, (rows, cols)).astype(np.float64)  # (rows, cols)
+        self.array = DeviceArray.from_host(raw)
+        self.dev = DeviceWeight(self.array.ptr, ggml_type, rows, cols, row_bytes(ggml_type, cols), ggml_type.name)
+
+
+class Output:
+    """An (n, R) f4 output inside a poisoned frame of GUARD floats on each side."""
+
+    def __init__(self, n: int, rows: int, initial: np.ndarray | None = None):
+        self.frame = DeviceArray.empty((n * rows + 2 * GUARD,), "f4")
+        self.frame.fill_byte(0xFF)
+        self.c = self.frame.view(GUARD, (n, rows))
+        if initial is not None:
+            self.c.copy_from_host(initial)
+
+    def result(self, context: str) -> np.ndarray:
+        host = self.frame.to_host()
+        frame = np.concatenate([host[:GUARD], host[-GUARD:]]).view(np.uint32)
+        assert (frame == POISON).all(), f"{context}: written outside the output"
+        got = host[GUARD:-GUARD].reshape(self.c.shape)
+        assert not np.isnan(got).any(), (
+            f"{context}: unwritten (NaN) outputs at {np.argwhere(np.isnan(got))[:8].tolist()}"
+        )
+        return got
+
+
+def run(launch: driver.Launch) -> None:
+    launch()
+    driver.synchronize(0)
+
+
+def activations(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
+    return rng.normal(size=(n, cols)).astype(np.float32)  # (n, cols), O(1) like RMS-normed rows
+
+
+def assert_rows_close(got: np.ndarray, ref: np.ndarray, tol: tuple[float, float], context: str) -> None:
+    err = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)  # (n,)
+    worst, median = int(np.argmax(err)), float(np.median(err))
+    summary = f"worst token {worst} at {err[worst]:.3g}, median {median:.3g}"
+    assert err[worst] <= tol[0], (
+        f"{context}: {(err > tol[0]).sum()} of {len(err)} token rows outside {tol[0]:g}; {summary}"
+    )
+    assert median <= tol[1], f"{context}: median row error above {tol[1]:g}; {summary}"
+
+
+@pytest.mark.parametrize("shape", SHAPES + SMALL_K, ids=lambda s: "n{}_R{}_K{}".format(*s))
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_gemm(ggml_type: GGMLType, shape: tuple[int, int, int], seed: int) -> None:
+    n, rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, ggml_type, rows, cols)
+    a = activations(rng, n, cols)
+    out = Output(n, rows)
+    d_a = DeviceArray.from_host(a)  # held here: a Launch keeps raw pointers, not the arrays
+    run(k_gemm.gemm(w.dev, d_a, n, out.c))
+    context = f"gemm {ggml_type.name} n={n} R={rows} K={cols} seed={seed}"
+    assert_rows_close(out.result(context), a.astype(np.float64) @ w.dense.T, tolerance(ggml_type), context)
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["resid", "resid_is_c"])
+@pytest.mark.parametrize("shape", [(65, 100, 256), (200, 1024, 1024)], ids=lambda s: "n{}_R{}_K{}".format(*s))
+@pytest.mark.parametrize("ggml_type", [GGMLType.F32, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K],
+                         ids=lambda t: t.name)  # fmt: skip
+def test_gemm_residual(ggml_type: GGMLType, shape: tuple[int, int, int], in_place: bool, seed: int) -> None:
+    n, rows, cols = shape
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, ggml_type, rows, cols)
+    a = activations(rng, n, cols)
+    resid = rng.normal(size=(n, rows)).astype(np.float32)  # (n, R): the residual stream, O(1)
+    if in_place:  # C starts as the residual and is updated in place
+        out = Output(n, rows, initial=resid)
+        d_resid = out.c
+    else:
+        out, d_resid = Output(n, rows), DeviceArray.from_host(resid)
+    d_a = DeviceArray.from_host(a)
+    run(k_gemm.gemm(w.dev, d_a, n, out.c, resid=d_resid))
+    context = f"gemm+resid {ggml_type.name} in_place={in_place} n={n} R={rows} K={cols} seed={seed}"
+    product = a.astype(np.float64) @ w.dense.T
+    got = out.result(context)
+    # The product's error, measured against the product (the residual itself is added exactly but for one rounding).
+    max_tol, median_tol = tolerance(ggml_type)
+    assert_rows_close(got - resid, product, (max_tol + 1e-6, median_tol + 1e-6), context)
+    if not in_place:
+        assert (d_resid.to_host() == resid).all(), f"{context}: resid modified"
+
+
+@pytest.mark.parametrize("shape", [(9, 64, 256), (65, 100, 1024), (200, 3072, 1024)],
+                         ids=lambda s: "n{}_R{}_K{}".format(*s))  # fmt: skip
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_gemm_swiglu(ggml_type: GGMLType, shape: tuple[int, int, int], seed: int) -> None:
+    n, rows, cols = shape
+    rng = np.random.default_rng(seed)
+    wg, wu = Weight(rng, ggml_type, rows, cols), Weight(rng, ggml_type, rows, cols)
+    a = activations(rng, n, cols)
+    out = Output(n, rows)
+    d_a = DeviceArray.from_host(a)
+    run(k_gemm.gemm_swiglu(wg.dev, wu.dev, d_a, n, out.c))
+    a64 = a.astype(np.float64)
+    g, u = a64 @ wg.dense.T, a64 @ wu.dense.T  # (n, R)
+    context = f"gemm_swiglu {ggml_type.name} n={n} R={rows} K={cols} seed={seed}"
+    assert_rows_close(out.result(context), g / (1 + np.exp(-g)) * u, tolerance(ggml_type, swiglu=True), context)
+
+
+def test_wrapper_checks(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, GGMLType.Q4_K, 64, 256)
+    a, c = DeviceArray.empty((9, 256)), DeviceArray.empty((9, 64))
+    k_gemm.gemm(w.dev, a, 9, c)  # the valid call
+    with pytest.raises(CudaError, match="n=0"):
+        k_gemm.gemm(w.dev, a, 0, c)
+    with pytest.raises(CudaError, match="needs 2560"):
+        k_gemm.gemm(w.dev, a, 10, c)  # A (and C) too small for 10 tokens
+    with pytest.raises(CudaError, match="aligned"):
+        k_gemm.gemm(w.dev, a.view(1, (9 * 256 - 1,)), 8, c)
+    with pytest.raises(CudaError, match="overlaps"):
+        k_gemm.gemm(w.dev, a, 9, a.view(0, (9 * 64,)))
+    with pytest.raises(CudaError, match="resid"):
+        k_gemm.gemm(w.dev, a, 9, c, resid=DeviceArray.empty((9, 63)))
+    wu = Weight(rng, GGMLType.Q6_K, 64, 256)
+    with pytest.raises(CudaError, match="differ"):
+        k_gemm.gemm_swiglu(w.dev, wu.dev, a, 9, c)
