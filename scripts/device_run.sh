@@ -24,7 +24,8 @@ cat "$OUT/env.txt" "$OUT/doctor.json"
 for stage in $STAGES; do
   case $stage in
     tests)
-      timeout 420 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+      timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider ${TEST_PATHS:-tests} 2>&1 \
+        | tee "$OUT/gpu_tests.log" | tail -40 ;;
     sanitizer)
       timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -m gpu -q -x -p no:cacheprovider \
         tests/test_cuda_matvec.py tests/test_cuda_gemm.py tests/test_cuda_attention.py > "$OUT/sanitizer.log" 2>&1
