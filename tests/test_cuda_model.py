@@ -38,8 +38,10 @@ def test_fixture_conformance(pair, record_property):
     print(f"{name}: prompt {m.max_abs_prompt:.3g}, steps {m.max_abs_steps:.3g}, vs llama.cpp {m.max_abs_llamacpp:.3g}")
     assert m.prompt_ids_match
     if C.is_quantized(name):
+        # DESIGN.md §7 for the batched path (TF32 tensor cores), and the same bound between the decode path (exact
+        # float32 matvec) and the batched one.
         assert m.max_abs_prompt <= 1.25 * llamacpp_error(name), m
-        assert m.max_abs_steps <= 1e-3, m  # decode path vs batched path, same weights
+        assert m.max_abs_steps <= 1.25 * llamacpp_error(name), m
     else:
         assert m.max_abs_prompt <= 1e-4 and m.max_abs_steps <= 1e-4, m
     for ours, want, margins in m.greedy:

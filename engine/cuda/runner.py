@@ -114,8 +114,6 @@ class CudaRunner:
 
     def forward(self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | None = None):
         """As CpuRunner.forward: consume ids, return none / last-row / every-row logits, full or gathered."""
-        import numpy as np
-
         n = len(ids)
         if self.position + n > self.max_seq:
             raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
@@ -130,6 +128,8 @@ class CudaRunner:
             driver.synchronize(self.stream)
             return None
         if out == "all":
+            import numpy as np  # only the every-row form needs it: the cold path (system1, generate) does not
+
             return np.concatenate(rows_out)
         last = (n - 1) % b
         if gather is None:

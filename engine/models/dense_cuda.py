@@ -23,9 +23,22 @@ from engine.errors import UnsupportedArchitecture
 from engine.models import specs
 from engine.weights import resolve
 
-SMALL_BATCH = 8  # up to this many tokens, matvec kernels (one weight read for all tokens) beat a GEMM tile
+SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of them)
+MATVEC_MAX = 48  # up to this many tokens, matvec launches of 8 beat the GEMM, whose few 64-token tiles leave most
+# of the GPU idle at small n (H200, Qwen3-0.6B shapes: GEMM ~8 ms at n = 16, matvec ~1.3 ms per 8 tokens)
 N_SPLITS = 32  # key splits of the decode attention: 4096 keys -> 128 per block, flat cost with length
 LOGIT_ROWS = 64  # rows of full-vocabulary logits computed per chunk
+
+
+def _passes(n: int) -> list[tuple[int, int]]:
+    """(first token, count) of the matvec passes covering n tokens, 8 at a time."""
+    return [(at, min(SMALL_BATCH, n - at)) for at in range(0, n, SMALL_BATCH)]
+
+
+def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
+    """Rows at..at+m-1 of a (rows, width) activation buffer."""
+    width = a.shape[-1]
+    return a.view(at * width, (m, width))
 
 
 class CudaModel:
@@ -103,7 +116,7 @@ class CudaModel:
             else:
                 out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
                                            c.value_dim, scale, self.att))  # fmt: skip
-            out.append(self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x))
+            out += self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x)
             out += self._ffn(L, n)
         return out
 
@@ -112,36 +125,40 @@ class CudaModel:
         return 1.0 / s.factor if s.kind == "linear" else 1.0
 
     def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
-                norm_w: DeviceArray | None = None) -> Launch:  # fmt: skip
-        if n <= SMALL_BATCH:
-            return km.matvec(w, x, n, y, norm_w=norm_w, eps=self.cfg.norm_eps, resid=resid)
-        assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
-        return kg.gemm(w, x, n, y, resid=resid)
+                norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
+        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM."""
+        if n > MATVEC_MAX:
+            assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
+            return [kg.gemm(w, x, n, y, resid=resid)]
+        eps = self.cfg.norm_eps
+        return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
+                          resid=None if resid is None else _rows(resid, at, m)) for at, m in _passes(n)]  # fmt: skip
 
     def _qkv(self, L: dict, n: int) -> list[Launch]:
-        if n <= SMALL_BATCH:
+        if n <= MATVEC_MAX:  # the attention norm rides along in each matvec
             src, norm, out = self.x, L["attn_norm"], []
         else:
             src, norm = self.xb, None
             out = [ka.rmsnorm_rows(self.x, L["attn_norm"], self.cfg.norm_eps, self.xb, n)]
-        return out + [self._matmul(L[name], src, n, dst, norm_w=norm)
-                      for name, dst in (("attn_q", self.q), ("attn_k", self.k), ("attn_v", self.v))]  # fmt: skip
+        for name, dst in (("attn_q", self.q), ("attn_k", self.k), ("attn_v", self.v)):
+            out += self._matmul(L[name], src, n, dst, norm_w=norm)
+        return out
 
     def _ffn(self, L: dict, n: int) -> list[Launch]:
         gate, up, eps = L["ffn_gate"], L["ffn_up"], self.cfg.norm_eps
-        small = n <= SMALL_BATCH
+        small = n <= MATVEC_MAX
         out = [] if small else [ka.rmsnorm_rows(self.x, L["ffn_norm"], eps, self.xb, n)]
         src, norm = (self.x, L["ffn_norm"]) if small else (self.xb, None)
-        if gate.ggml_type == up.ggml_type:
-            if small:
-                out.append(km.matvec_swiglu(gate, up, src, n, self.hb, norm_w=norm, eps=eps))
-            else:
-                out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
-        else:  # mixed types cannot share one fused launch
-            out.append(self._matmul(gate, src, n, self.hb, norm_w=norm))
-            out.append(self._matmul(up, src, n, self.hb2, norm_w=norm))
+        if gate.ggml_type != up.ggml_type:  # mixed types cannot share one fused launch
+            out += self._matmul(gate, src, n, self.hb, norm_w=norm)
+            out += self._matmul(up, src, n, self.hb2, norm_w=norm)
             out.append(kx.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
-        out.append(self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x))
+        elif small:
+            out += [km.matvec_swiglu(gate, up, _rows(src, at, m), m, _rows(self.hb, at, m), norm_w=norm, eps=eps)
+                    for at, m in _passes(n)]  # fmt: skip
+        else:
+            out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
+        out += self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)
         return out
 
     # -- heads ---------------------------------------------------------------------------------------------

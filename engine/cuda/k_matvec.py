@@ -1,0 +1,126 @@
+"""Launch wrappers for kernels/matvec.cu (decode matvecs, gathered row dots) and kernels/embed.cu (embedding rows).
+
+Each function checks its buffers and returns a `driver.Launch` (it does not launch). Names, argument order, grid and
+block follow kernels/README.md. Buffers may be larger than needed. Float buffers read as float4 (x, norm_w, the
+embedding output) and weights must be 16-byte aligned (cudaMalloc'd arrays and GGUF tensor offsets are).
+"""
+
+from __future__ import annotations
+
+from engine.cuda import driver
+from engine.cuda.driver import DeviceArray, DeviceWeight, Launch, f32, i32, i64, ptr
+from engine.errors import CudaError
+
+ROWS_PER_BLOCK = 8  # matvec: 8 warps, 8 output rows per block; gather_dot: one output per warp
+THREADS = 256
+TOKEN_BUCKETS = (1, 2, 4, 8)  # matvec_*_n{N} variants; a launch of n tokens uses the smallest N >= n
+
+
+def _need(a: DeviceArray | None, name: str, dtype: str, n: int, aligned: bool = False) -> None:
+    if a is None:
+        raise CudaError(f"{name}: missing")
+    if a.dtype != dtype or a.size < n:
+        raise CudaError(f"{name}: needs {n} elements of {dtype}, got {a.size} of {a.dtype}")
+    if aligned and a.ptr % 16:
+        raise CudaError(f"{name}: address {a.ptr:#x} is not 16-byte aligned")
+
+
+def _need_weight(w: DeviceWeight) -> None:
+    if w.ptr % 16:
+        raise CudaError(f"weight {w.name}: address {w.ptr:#x} is not 16-byte aligned")
+
+
+def _bucket(n: int) -> int:
+    for b in TOKEN_BUCKETS:
+        if 1 <= n <= b:
+            return b
+    raise CudaError(f"matvec takes 1 to {TOKEN_BUCKETS[-1]} tokens, got {n}")
+
+
+def _blocks(count: int, per_block: int) -> int:
+    return (count + per_block - 1) // per_block
+
+
+def matvec(
+    w: DeviceWeight,  # (R, K) GGUF blocks
+    x: DeviceArray,  # (n, K) f4
+    n: int,  # tokens, 1..8
+    y: DeviceArray,  # (n, R) f4; y = resid + w . rmsnorm(x)
+    *,
+    norm_w: DeviceArray | None = None,  # (K,) f4: RMS-normalise x first (per token), times norm_w
+    eps: float = 0.0,
+    resid: DeviceArray | None = None,  # (n, R) f4, may be y itself
+) -> Launch:
+    big_n = _bucket(n)
+    _need_weight(w)
+    _need(x, "x", "f4", n * w.cols, aligned=True)
+    _need(y, "y", "f4", n * w.rows)
+    if norm_w is not None:
+        _need(norm_w, "norm_w", "f4", w.cols, aligned=True)
+    if resid is not None:
+        _need(resid, "resid", "f4", n * w.rows)
+    fn = driver.module("matvec").fn(f"matvec_{w.tag}_n{big_n}")
+    args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
+            ptr(y)]  # fmt: skip
+    return Launch(fn, (_blocks(w.rows, ROWS_PER_BLOCK),), (THREADS,), args)
+
+
+def matvec_swiglu(
+    wg: DeviceWeight,  # (R, K) GGUF blocks: ffn_gate
+    wu: DeviceWeight,  # (R, K) same type: ffn_up
+    x: DeviceArray,  # (n, K) f4
+    n: int,  # tokens, 1..8
+    y: DeviceArray,  # (n, R) f4; y = silu(wg . xn) * (wu . xn), xn = rmsnorm(x) or x
+    *,
+    norm_w: DeviceArray | None = None,  # (K,) f4
+    eps: float = 0.0,
+) -> Launch:
+    if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
+        raise CudaError(f"swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
+                        f"{wu.rows}x{wu.cols}")  # fmt: skip
+    big_n = _bucket(n)
+    _need_weight(wg)
+    _need_weight(wu)
+    _need(x, "x", "f4", n * wg.cols, aligned=True)
+    _need(y, "y", "f4", n * wg.rows)
+    if norm_w is not None:
+        _need(norm_w, "norm_w", "f4", wg.cols, aligned=True)
+    fn = driver.module("matvec").fn(f"matvec_swiglu_{wg.tag}_n{big_n}")
+    args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(x), i32(n), ptr(norm_w),
+            f32(eps), ptr(y)]  # fmt: skip
+    return Launch(fn, (_blocks(wg.rows, ROWS_PER_BLOCK),), (THREADS,), args)
+
+
+def gather_dot(
+    w: DeviceWeight,  # (R, K) GGUF blocks
+    x: DeviceArray,  # activations: output i uses x[i * x_stride : i * x_stride + K] f4
+    x_stride: int,  # floats between outputs' activations; 0: one x for all; a multiple of 4 (16-byte aligned)
+    rows: DeviceArray,  # (n,) i4, each in [0, R) (not checked: device memory)
+    n: int,  # outputs
+    out: DeviceArray,  # (n,) f4; out[i] = dot(w[rows[i]], x_i)
+) -> Launch:
+    if n < 1 or x_stride < 0 or x_stride % 4:
+        raise CudaError(f"gather_dot: n={n} must be >= 1 and x_stride={x_stride} a non-negative multiple of 4")
+    _need_weight(w)
+    _need(x, "x", "f4", (n - 1) * x_stride + w.cols, aligned=True)
+    _need(rows, "rows", "i4", n)
+    _need(out, "out", "f4", n)
+    fn = driver.module("matvec").fn(f"gather_dot_{w.tag}")
+    args = [ptr(w.ptr), i64(w.row_bytes), i32(w.cols), ptr(x), i64(x_stride), ptr(rows), i32(n), ptr(out)]
+    return Launch(fn, (_blocks(n, ROWS_PER_BLOCK),), (THREADS,), args)
+
+
+def embed(
+    w: DeviceWeight,  # (n_vocab, K) GGUF blocks: token_embd
+    ids: DeviceArray,  # (n,) i4 token ids, each in [0, n_vocab) (not checked: device memory)
+    n: int,  # tokens
+    out: DeviceArray,  # (n, K) f4
+) -> Launch:
+    if n < 1:
+        raise CudaError(f"embed: n={n} must be >= 1")
+    _need_weight(w)
+    _need(ids, "ids", "i4", n)
+    _need(out, "out", "f4", n * w.cols, aligned=True)
+    fn = driver.module("embed").fn(f"embed_{w.tag}")
+    args = [ptr(w.ptr), i64(w.row_bytes), i32(w.cols), ptr(ids), i32(n), ptr(out)]
+    return Launch(fn, (n,), (THREADS,), args)
