@@ -65,16 +65,17 @@ def sample(logits, params: SamplingParams, step: int) -> int:
 
     if params.greedy:
         return int(np.argmax(logits))
-    z = logits.astype(np.float32) / np.float32(params.temperature)
+    # float64: a temperature near zero must not overflow z to inf (then inf - inf = NaN); it must act greedy.
+    z = logits.astype(np.float64) / params.temperature
     keep = np.ones(z.shape[0], dtype=bool)
     if 0 < params.top_k < z.shape[0]:
         keep = z >= np.partition(z, -params.top_k)[-params.top_k]
-    p = np.where(keep, np.exp(z - z.max()), np.float32(0.0))
+    p = np.where(keep, np.exp(z - z.max()), 0.0)
     if params.top_p < 1.0:
         desc = np.sort(p[keep])[::-1]
         cum = np.cumsum(desc, dtype=np.float64)
         last = min(int(np.searchsorted(cum, params.top_p * cum[-1], side="left")), len(desc) - 1)
-        p = np.where(p >= desc[last], p, np.float32(0.0))
+        p = np.where(p >= desc[last], p, 0.0)
     cdf = np.cumsum(p, dtype=np.float64)
     u = uniform(params.seed, step) * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))
