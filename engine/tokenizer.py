@@ -5,9 +5,10 @@ llama.cpp tokenizes in three steps, mirrored here:
    literally, longest first (`_partition`);
 2. every remaining fragment is split by the regexes of its `tokenizer.ggml.pre`, applied in sequence (each regex
    splits the pieces of the previous one), and byte-mapped with GPT-2's bytes_to_unicode;
-3. rank-ordered BPE merges within each piece.
-Steps 2-3 run in HF `tokenizers` (Split* -> ByteLevel -> BPE) with no normalizer (llama.cpp applies no NFC); where
-HF and llama.cpp differ, `_onig` and `Tokenizer._build_hf` say how that is bridged. Decoding is done here from the
+3. rank-ordered BPE merges within each piece (engine/bpe.py, llama.cpp's merge loop).
+Step 2 runs in HF `tokenizers`' pre-tokenizers (Split* -> ByteLevel, no normalizer: llama.cpp applies no NFC); where
+its regex engine and llama.cpp's differ, `_onig` says how that is bridged. Step 3 needs only two dicts, which load
+from the prepare cache in a fraction of the time a compiled BPE model takes to build. Decoding is done here from the
 token texts, as llama.cpp's token_to_piece / detokenize do.
 """
 
@@ -18,13 +19,14 @@ import contextlib
 import gc
 import json
 import logging
+import marshal
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenizers import Regex, models, pre_tokenizers
-from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import Regex, pre_tokenizers
 
+from engine.bpe import BytePairEncoder
 from engine.errors import TokenizerError
 
 log = logging.getLogger(__name__)
@@ -117,7 +119,7 @@ _UNICODE_16 = (
     "\U0001fac6\U0001fadc\U0001fadf\U0001fae9\U0001fbcb-\U0001fbef"
 )
 _NON_ASCII_SPACE = "\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"  # llama.cpp's, = White_Space
-_CACHE_MAGIC = b"engine.tokenizer/2\n"
+_CACHE_MAGIC = b"engine.tokenizer/3\n"
 # what a Tokenizer is built from besides tokens / attrs / merges (and its cache stores)
 _META_KEYS = ("pre", "regexes", "clean_spaces", "ignore_merges", "chat_template", "bos_id", "eos_id", "eog_ids")
 _META_KEYS += ("add_bos", "add_eos")
@@ -227,10 +229,14 @@ class Tokenizer:
     Build with `from_gguf` / `from_metadata`, or `from_cache_bytes` on the output of `to_cache_bytes`.
     """
 
-    def __init__(self, tokens: list[str], attrs: bytearray, merges: list[tuple[str, str]], meta: dict[str, Any]):
-        # attrs: (vocab_size,) llama_token_attr bits, a byte per token; meta: the _META_KEYS.
-        self._tokens, self._attrs, self._merges, self._meta = tokens, attrs, merges, meta
-        self.vocab_size = len(tokens)
+    def __init__(self, vocab: dict[str, int], ranks: dict[str, int], attrs: bytearray, meta: dict[str, Any],
+                 special: list[tuple[str, int, bool]], tokens: list[str] | None = None):  # fmt: skip
+        # vocab: token text -> id; ranks: "left right" -> merge rank; attrs: (vocab_size,) llama_token_attr bits, a
+        # byte per token; meta: the _META_KEYS; special: (text, id, hidden) of the tokens cut out before BPE, longest
+        # first; tokens: id -> text when the caller has it (else built from vocab on first use).
+        self._vocab, self._ranks, self._attrs, self._meta = vocab, ranks, attrs, meta
+        self._token_list = tokens
+        self.vocab_size = len(vocab)
         self.bos_id: int | None = meta["bos_id"]
         self.eos_id: int | None = meta["eos_id"]
         self.eog_ids: frozenset[int] = frozenset(meta["eog_ids"])
@@ -240,11 +246,20 @@ class Tokenizer:
         self.pre: str = meta["pre"]
         self._clean: bool = meta["clean_spaces"]
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        # llama.cpp sorts by byte length, longest first; ties by id keep the order deterministic.
-        special = _indices(attrs, _MATCHED)
-        special.sort(key=lambda i: (-len(tokens[i].encode()), i))
-        self._special = [(tokens[i], i, bool(attrs[i] & _HIDDEN)) for i in special]
-        self._hf = self._build_hf()
+        self._special = special
+        splits = [pre_tokenizers.Split(Regex(_onig(r)), behavior="isolated") for r in meta["regexes"]]
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        self._pre = pre_tokenizers.Sequence([*splits, byte_level])
+        self._bpe = BytePairEncoder(vocab, ranks, meta["ignore_merges"])
+
+    @property
+    def _tokens(self) -> list[str]:
+        if self._token_list is None:
+            tokens = [""] * self.vocab_size
+            for text, i in self._vocab.items():
+                tokens[i] = text
+            self._token_list = tokens
+        return self._token_list
 
     @classmethod
     def from_gguf(cls, gguf_file: Any) -> Tokenizer:
@@ -301,50 +316,20 @@ class Tokenizer:
                 raise TokenizerError(
                     f"tokenizer.ggml.{flag}_token is true but tokenizer.ggml.{tok[:3]}_token_id is missing"
                 )
-        return cls(tokens, attrs, _merge_pairs(_key(md, "merges")), meta)
-
-    def _build_hf(self) -> _HFTokenizer:
-        # llama.cpp merges symbols whether or not they are tokens: a byte character or merge result that is no token
-        # still blocks or takes part in merges, and only at the end is spelled as the tokens of its ASCII bytes (or
-        # dropped). HF drops unknown characters first and refuses such merges, so they get ids past the vocabulary,
-        # which `encode` spells out (self._spell).
-        n, merges = self.vocab_size, self._merges
-        vocab = dict(zip(self._tokens, range(n), strict=True))
-
-        def bpe(extra: list[str]) -> tuple[dict[str, int], models.BPE]:
-            phantoms = dict(zip(extra, range(n, n + len(extra)), strict=True))
-            return phantoms, models.BPE(
-                vocab=vocab | phantoms, merges=merges, ignore_merges=self._meta["ignore_merges"]
-            )
-
-        extra = [c for c in _BYTE_OF if c not in vocab]
-        try:
-            phantoms, model = bpe(extra)
-        except Exception:  # tokenizers raises a bare Exception for a merge outside its vocabulary
-            phantoms, model = bpe(
-                list(dict.fromkeys(extra + [s for m in merges for s in (*m, "".join(m)) if s not in vocab]))
-            )
-        ascii_ids = {b: vocab[chr(b)] for b in range(128) if chr(b) in vocab}  # llama.cpp looks up single bytes
-        self._spell = {i: [ascii_ids[b] for b in s.encode() if b in ascii_ids] for s, i in phantoms.items()}
-        hf = _HFTokenizer(model)
-        splits = [pre_tokenizers.Split(Regex(_onig(r)), behavior="isolated") for r in self._meta["regexes"]]
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-        hf.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
-        return hf
+        # llama.cpp keeps the first rank of a merge listed twice
+        ranks = {f"{a} {b}": r for r, (a, b) in reversed(list(enumerate(_merge_pairs(_key(md, "merges")))))}
+        # llama.cpp sorts by byte length, longest first; ties by id keep the order deterministic.
+        ids = sorted(_indices(attrs, _MATCHED), key=lambda i: (-len(tokens[i].encode()), i))
+        special = [(tokens[i], i, bool(attrs[i] & _HIDDEN)) for i in ids]
+        return cls(vocab, ranks, attrs, meta, special, tokens)
 
     def to_cache_bytes(self) -> bytes:
         """One self-contained blob from which `from_cache_bytes` rebuilds this tokenizer: a magic line, a JSON line
-        (meta, sparse attrs) and the token and merge strings joined by a separator none of them contains (much
-        faster to load than JSON lists)."""
-        strings = [*self._tokens, *(s for pair in self._merges for s in pair)]  # merges flat: left0, right0, ...
-        everything = "".join(strings)
-        sep = next((c for c in map(chr, (10, *range(1, 10))) if c not in everything), None)
-        if sep is None:
-            raise TokenizerError("no separator character is free for the tokenizer cache")
+        (meta, sparse attrs, special tokens) and the vocab and merge-rank dicts in `marshal` form (the fastest
+        builtin to load; unlike pickle it cannot run code)."""
         odd = _indices(self._attrs, 0, equal=NORMAL)  # attrs are NORMAL almost everywhere: store the exceptions
-        header = {**self._meta, "attrs": [odd, [self._attrs[i] for i in odd]], "n_tokens": self.vocab_size}
-        header["n_strings"] = len(strings)
-        return _CACHE_MAGIC + json.dumps({**header, "sep": sep}).encode() + b"\n" + sep.join(strings).encode()
+        header = {**self._meta, "attrs": [odd, [self._attrs[i] for i in odd]], "special": self._special}
+        return _CACHE_MAGIC + json.dumps(header).encode() + b"\n" + marshal.dumps((self._vocab, self._ranks))
 
     @classmethod
     @_gc_paused()
@@ -355,18 +340,17 @@ class Tokenizer:
         try:
             header, table = data[len(_CACHE_MAGIC) :].split(b"\n", 1)
             state = json.loads(header)
-            n, strings = state["n_tokens"], table.decode().split(state["sep"]) if table else []
-            if len(strings) != state["n_strings"]:
-                raise ValueError(f"{len(strings)} strings, expected {state['n_strings']}")
-            tokens, flat = strings[:n], iter(strings[n:])
-            attrs = bytearray([NORMAL]) * n
+            vocab, ranks = marshal.loads(table)
+            if not (isinstance(vocab, dict) and isinstance(ranks, dict)):
+                raise ValueError("the vocab and ranks are not dicts")
+            attrs = bytearray([NORMAL]) * len(vocab)
             for i, a in zip(*state["attrs"], strict=True):
                 attrs[i] = a
-            merges = list(zip(flat, flat, strict=True))
             meta = {k: state[k] for k in _META_KEYS}
-        except (KeyError, IndexError, TypeError, ValueError) as e:
+            special = [(str(t), int(i), bool(h)) for t, i, h in state["special"]]
+        except (KeyError, IndexError, TypeError, ValueError, EOFError) as e:
             raise TokenizerError(f"tokenizer cache is damaged: {e!r}") from e
-        return cls(tokens, attrs, merges, meta)
+        return cls(vocab, ranks, attrs, meta, special)
 
     def encode(
         self, text: str, add_bos: bool | None = None, add_eos: bool | None = None, parse_special: bool = True
@@ -374,13 +358,11 @@ class Tokenizer:
         """Token ids of `text`. add_bos / add_eos None: as the GGUF says. parse_special False: CONTROL tokens
         are not recognised in the text (USER_DEFINED ones still are, as in llama.cpp)."""
         ids: list[int] = []
-        parts = self._partition(text, parse_special)
-        raw = [p for p in parts if isinstance(p, str)]
-        encoded = iter(self._hf.encode_batch_fast(raw, add_special_tokens=False) if raw else ())
-        for p in parts:
-            ids.extend(next(encoded).ids if isinstance(p, str) else (p,))
-        if self._spell:
-            ids = [j for i in ids for j in self._spell.get(i, (i,))]
+        for p in self._partition(text, parse_special):
+            if isinstance(p, str):
+                ids += self._bpe.encode([w for w, _ in self._pre.pre_tokenize_str(p)])
+            else:
+                ids.append(p)
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids.insert(0, self.bos_id)
         if (self.add_eos if add_eos is None else add_eos) and self.eos_id is not None:

@@ -302,7 +302,7 @@ def qwen3_bpe() -> tuple[dict[str, int], dict[tuple[str, str], int]]:
 @given(TEXT)
 def test_hf_bpe_equals_llama_cpp_merge_order(qwen3, qwen3_bpe, text):
     vocab, ranks = qwen3_bpe
-    words = [w for w, _ in qwen3._hf.pre_tokenizer.pre_tokenize_str(text)]
+    words = [w for w, _ in qwen3._pre.pre_tokenize_str(text)]
     expected = [vocab[s] for w in words for s in _reference_bpe(w, ranks)]
     assert qwen3.encode(text, parse_special=False) == expected
 
@@ -357,7 +357,7 @@ def test_unicode_16_characters_count_as_unassigned():
     # llama.cpp's tables predate Unicode 16: U+1FAE9 (an emoji since 16.0) is no symbol to it, so in DeepSeek-V3's
     # "[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+" it can lead a word, unlike U+1F600
     def pieces(text):
-        return [w for w, _ in toy("deepseek-v3")._hf.pre_tokenizer.pre_tokenize_str(text)]
+        return [w for w, _ in toy("deepseek-v3")._pre.pre_tokenize_str(text)]
 
     assert pieces("\U0001fae9abc") == [byte_level("\U0001fae9abc")]
     assert pieces("\U0001f600abc") == [byte_level("\U0001f600"), "abc"]
@@ -380,7 +380,7 @@ def test_every_listed_pre_tokenizer_builds():
 def test_pre_tokenizer_splits():
     # digit grouping differs per pre-tokenizer: qwen2 and smollm one digit, llama3 and deepseek-v3 up to three
     def pieces(pre, text):
-        return [w for w, _ in toy(pre)._hf.pre_tokenizer.pre_tokenize_str(text)]
+        return [w for w, _ in toy(pre)._pre.pre_tokenize_str(text)]
 
     assert pieces("qwen2", "x 1234") == ["x", "Ġ", "1", "2", "3", "4"]
     assert pieces("smollm", "x 1234") == ["x", "Ġ", "1", "2", "3", "4"]
