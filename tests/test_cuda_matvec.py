@@ -1,0 +1,231 @@
+"""kernels/matvec.cu and kernels/embed.cu against NumPy float64 on the dequantized weights.
+
+Fresh random inputs every run; the seed is in every failure message and MATVEC_SEED=<seed> replays it. Outputs are
+poisoned (0xFF bytes: NaN) first, so an unwritten element fails, and slack past the needed size must stay poisoned.
+Weights, inputs and exact-size outputs are allocated to the byte, so compute-sanitizer sees any overrun.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from engine.cpu.dequant import dequantize
+from engine.cuda import driver, k_matvec
+from engine.cuda.driver import DeviceArray, DeviceWeight
+from engine.errors import CudaError
+from engine.quants import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, row_bytes
+from tests.quant_data import random_weights
+
+pytestmark = pytest.mark.gpu
+
+TYPES = sorted(SUPPORTED_TYPES)
+# (R, K): R never a multiple of 8 except 1024 rows; K from one block to a Qwen-size ffn_down (11008 = 43 * 256).
+SHAPES = [(1, 32), (13, 256), (67, 4352), (37, 11008), (1003, 1024)]
+RTOL = 1e-5  # of sum |w * x| over the row: float32 accumulation of up to ~11k products
+POISON = 0xFFFFFFFF
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _context() -> None:
+    driver.start_context(0)
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("MATVEC_SEED") or np.random.default_rng().integers(2**63))
+
+
+def needs_blocks(ggml_type: GGMLType, cols: int) -> None:
+    if cols % BLOCK_SIZES[ggml_type][0]:
+        pytest.skip(f"{ggml_type.name} rows are whole {BLOCK_SIZES[ggml_type][0]}-value blocks")
+
+
+class Weight:
+    """A random (rows, cols) matrix on the device in its GGUF layout, allocated to the byte, and its f64 values."""
+
+    def __init__(self, rng: np.random.Generator, ggml_type: GGMLType, rows: int, cols: int):
+        raw = random_weights(rng, ggml_type, (rows, cols))  # (rows * row_bytes,) u1
+        self.dense = dequantize(raw, ggml_type, (rows, cols)).astype(np.float64)  # (rows, cols)
+        self.array = DeviceArray.from_host(raw)
+        self.dev = DeviceWeight(self.array.ptr, ggml_type, rows, cols, row_bytes(ggml_type, cols), ggml_type.name)
+
+
+def poisoned(shape: tuple[int, ...]) -> DeviceArray:
+    a = DeviceArray.empty(shape, "f4")
+    a.fill_byte(0xFF)
+    return a
+
+
+def run(launch: driver.Launch) -> None:
+    launch()
+    driver.synchronize(0)
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """(n, K) f64 -> (n, K) f64."""
+    return x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps) * w
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray, tol: np.ndarray, context: str) -> None:
+    assert not np.isnan(got).any(), f"{context}: unwritten (NaN) outputs at {np.argwhere(np.isnan(got))[:8].tolist()}"
+    err = np.abs(got - ref)
+    worst = np.unravel_index(np.argmax(err / tol), err.shape)
+    assert (err <= tol).all(), (
+        f"{context}: {(err > tol).sum()} of {err.size} outside tolerance; worst at {worst}: got {got[worst]!r}, "
+        f"want {ref[worst]!r}, error {err[worst]:.3g} > {tol[worst]:.3g}"
+    )
+
+
+def assert_untouched(host: np.ndarray, context: str) -> None:
+    assert (host.view(np.uint32) == POISON).all(), f"{context}: written past the outputs"
+
+
+def inputs(rng: np.random.Generator, n: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Activations (n, cols) and a norm weight (cols,), f32, O(1) like a model's."""
+    x = rng.normal(size=(n, cols)).astype(np.float32)
+    norm_w = (1.0 + 0.2 * rng.normal(size=cols)).astype(np.float32)
+    return x, norm_w
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) -> None:
+    rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, ggml_type, rows, cols)
+    x, norm_w = inputs(rng, n, cols)
+    resid = rng.normal(size=(n, rows)).astype(np.float32)
+    eps = 1e-6
+    d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
+    big_n = k_matvec._bucket(n)
+    for norm in (False, True):
+        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+        ref = xn @ w.dense.T  # (n, rows)
+        tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
+        context = f"{ggml_type.name} {rows}x{cols} n={n} norm={norm} seed={seed}"
+
+        y = poisoned((big_n, rows))  # rows of tokens n..big_n-1 must stay untouched
+        run(k_matvec.matvec(w.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))
+        got = y.to_host()
+        assert_close(got[:n], ref, tol, context)
+        assert_untouched(got[n:], context)
+
+        y_res = DeviceArray.from_host(resid)  # in-place residual add: resid is y
+        run(k_matvec.matvec(w.dev, d_x, n, y_res, norm_w=d_norm if norm else None, eps=eps, resid=y_res))
+        assert_close(y_res.to_host(), resid + ref, tol + 1e-7 * np.abs(resid), context + " resid=y")
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("shape", SHAPES[1:4], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_matvec_swiglu(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) -> None:
+    rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    rng = np.random.default_rng(seed)
+    wg, wu = Weight(rng, ggml_type, rows, cols), Weight(rng, ggml_type, rows, cols)
+    x, norm_w = inputs(rng, n, cols)
+    eps = 1e-5
+    d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
+    for norm in (False, True):
+        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+        g, u = xn @ wg.dense.T, xn @ wu.dense.T  # (n, rows)
+        silu = g / (1 + np.exp(-g))
+        ref = silu * u
+        # |d silu / dg| <= 1.1; silu(g) * u carries the dot products' errors and one float32 rounding per step.
+        tol_g = RTOL * (np.abs(xn) @ np.abs(wg.dense).T)
+        tol_u = RTOL * (np.abs(xn) @ np.abs(wu.dense).T)
+        tol = 1.1 * np.abs(u) * tol_g + np.abs(silu) * tol_u + 1e-6 * np.abs(ref) + 1e-30
+        y = poisoned((n * rows + 7,))  # 7 floats of slack must stay untouched
+        run(k_matvec.matvec_swiglu(wg.dev, wu.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))
+        got = y.to_host()
+        context = f"{ggml_type.name} {rows}x{cols} n={n} norm={norm} seed={seed}"
+        assert_close(got[: n * rows].reshape(n, rows), ref, tol, context)
+        assert_untouched(got[n * rows :], context)
+
+
+@pytest.mark.parametrize(("cols", "n"), [(512, 3), (2048, 3), (2048, 6)], ids=["K512-n3", "K2048-n3", "K2048-n6"])
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_matvec_exact_buffers(ggml_type: GGMLType, cols: int, n: int, seed: int) -> None:
+    """Every buffer exactly its needed size, a partial last block (13 rows), n below the kernel's N, all options on,
+    rows split between two slices of threads (K=512) or not: under compute-sanitizer, any read past a tensor's tail
+    or a token's row is reported."""
+    rows = 13
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, ggml_type, rows, cols)
+    wu = Weight(rng, ggml_type, rows, cols)
+    x, norm_w = inputs(rng, n, cols)
+    resid = rng.normal(size=(n, rows)).astype(np.float32)
+    d_x, d_norm, d_resid = DeviceArray.from_host(x), DeviceArray.from_host(norm_w), DeviceArray.from_host(resid)
+    xn = rmsnorm(x.astype(np.float64), norm_w, 1e-6)
+    y = poisoned((n, rows))
+    run(k_matvec.matvec(w.dev, d_x, n, y, norm_w=d_norm, eps=1e-6, resid=d_resid))
+    tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-7 * np.abs(resid)
+    assert_close(y.to_host(), resid + xn @ w.dense.T, tol, f"{ggml_type.name} K={cols} n={n} seed={seed}")
+    y2 = poisoned((n, rows))
+    run(k_matvec.matvec_swiglu(w.dev, wu.dev, d_x, n, y2, norm_w=d_norm, eps=1e-6))
+    assert not np.isnan(y2.to_host()).any(), f"{ggml_type.name} K={cols} n={n} swiglu seed={seed}: unwritten outputs"
+
+
+@pytest.mark.parametrize("x_stride_pad", [None, 0, 36], ids=["shared_x", "packed_x", "padded_x"])
+@pytest.mark.parametrize("cols", [32, 256, 4352])
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_gather_dot(ggml_type: GGMLType, cols: int, x_stride_pad: int | None, seed: int) -> None:
+    needs_blocks(ggml_type, cols)
+    rng = np.random.default_rng(seed)
+    n_rows, n = 29, 13  # 13 outputs: a partial second block of warps
+    w = Weight(rng, ggml_type, n_rows, cols)
+    rows = rng.integers(0, n_rows, size=n).astype(np.int32)
+    rows[[1, 4, 7]] = [n_rows - 1, 0, rows[0]]  # the last and first rows, a repeat; otherwise unordered
+    x_stride = 0 if x_stride_pad is None else cols + x_stride_pad
+    x_all = rng.normal(size=(n - 1) * x_stride + cols).astype(np.float32)  # exactly the floats needed
+    xs = np.stack([x_all[i * x_stride : i * x_stride + cols] for i in range(n)]).astype(np.float64)  # (n, cols)
+    ref = np.einsum("ik,ik->i", w.dense[rows], xs)
+    tol = RTOL * np.einsum("ik,ik->i", np.abs(w.dense[rows]), np.abs(xs)) + 1e-30
+    out = poisoned((n + 3,))
+    run(k_matvec.gather_dot(w.dev, DeviceArray.from_host(x_all), x_stride, DeviceArray.from_host(rows), n, out))
+    got = out.to_host()
+    context = f"{ggml_type.name} K={cols} x_stride={x_stride} rows={rows.tolist()} seed={seed}"
+    assert_close(got[:n], ref, tol, context)
+    assert_untouched(got[n:], context)
+
+
+@pytest.mark.parametrize("cols", [32, 256, 4352])
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_embed(ggml_type: GGMLType, cols: int, seed: int) -> None:
+    needs_blocks(ggml_type, cols)
+    rng = np.random.default_rng(seed)
+    n_vocab, n = 37, 11
+    w = Weight(rng, ggml_type, n_vocab, cols)
+    ids = rng.integers(0, n_vocab, size=n).astype(np.int32)
+    ids[[2, 5, 9]] = [n_vocab - 1, 0, ids[0]]  # the last and first rows, a repeat
+    out = poisoned((n + 1, cols))
+    run(k_matvec.embed(w.dev, DeviceArray.from_host(ids), n, out))
+    got = out.to_host()
+    context = f"{ggml_type.name} K={cols} ids={ids.tolist()} seed={seed}"
+    # load8 is exact in float32, as is the NumPy decoder: the rows must match bit for bit (up to the sign of 0).
+    assert np.array_equal(got[:n], w.dense[ids].astype(np.float32)), context
+    assert_untouched(got[n:], context)
+
+
+def test_wrappers_reject_bad_buffers() -> None:
+    w = DeviceWeight(0x1000, GGMLType.Q4_K, 16, 256, 144, "w")
+    x, y = DeviceArray(0x2000, (2, 256), "f4", False), DeviceArray(0x3000, (2, 16), "f4", False)
+    with pytest.raises(CudaError, match="1 to 8 tokens"):
+        k_matvec.matvec(w, x, 9, y)
+    with pytest.raises(CudaError, match="1 to 8 tokens"):
+        k_matvec.matvec(w, x, 0, y)
+    with pytest.raises(CudaError, match="x: needs 768"):
+        k_matvec.matvec(w, x, 3, DeviceArray(0x3000, (3, 16), "f4", False))
+    with pytest.raises(CudaError, match="y: needs"):
+        k_matvec.matvec(w, x, 2, DeviceArray(0x3000, (2, 16), "i4", False))
+    with pytest.raises(CudaError, match="aligned"):
+        k_matvec.matvec(w, DeviceArray(0x2004, (2, 256), "f4", False), 2, y)
+    with pytest.raises(CudaError, match="x_stride"):
+        k_matvec.gather_dot(w, x, 6, DeviceArray(0x4000, (2,), "i4", False), 2, y)
+    with pytest.raises(CudaError, match="swiglu weights differ"):
+        k_matvec.matvec_swiglu(w, DeviceWeight(0x1000, GGMLType.Q6_K, 16, 256, 210, "u"), x, 1, y)
