@@ -160,6 +160,15 @@ def host_register(ptr: int, n_bytes: int, read_only: bool = True) -> None:
     rt_call("cudaHostRegister", runtime().hostRegister, ptr, n_bytes, 8 if read_only else 0)
 
 
+def host_alloc(n_bytes: int) -> int:
+    """Page-locked host memory (for small staging buffers; freed with host_free)."""
+    return rt_call(f"cudaHostAlloc({n_bytes} bytes)", runtime().hostAlloc, max(1, n_bytes), 0)
+
+
+def host_free(ptr: int) -> None:
+    rt_call("cudaFreeHost", runtime().freeHost, ptr)
+
+
 def host_unregister(ptr: int) -> None:
     rt_call("cudaHostUnregister", runtime().hostUnregister, ptr)
 

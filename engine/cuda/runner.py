@@ -10,6 +10,7 @@ REFLEX_CUDA_GRAPHS=0 launches everything directly (for debugging).
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import os
 from collections import OrderedDict
@@ -39,12 +40,23 @@ class CudaRunner:
         self._graphs: OrderedDict[object, driver.Graph] = OrderedDict()
         self._seen: set[int] = set()
         b = model.max_batch
-        # Page-locked host mirrors of ctrl ([pos0, step, token out, -, ids...]) and of small results.
-        self._ctrl_host = (ctypes.c_int32 * (4 + b))()
-        driver.host_register(ctypes.addressof(self._ctrl_host), ctypes.sizeof(self._ctrl_host), read_only=False)
+        # A page-locked host mirror of ctrl ([pos0, step, token out, -, ids...]), owned by this runner: registering
+        # a Python buffer instead would leave its pages registered after the runner is gone, for the next one to trip.
+        self._ctrl_pinned = driver.host_alloc(4 * (4 + b))
+        self._ctrl_host = (ctypes.c_int32 * (4 + b)).from_address(self._ctrl_pinned)
         self.vocab_ids = DeviceArray.empty((b,), "i4")  # (b,) i32 gathered LM-head rows
         self.gathered = DeviceArray.empty((b,), "f4")  # (b,) f32 gathered logits
         self.token = model.ctrl.view(2, (1,))  # the sampler's output
+
+    def __del__(self) -> None:
+        pinned = getattr(self, "_ctrl_pinned", 0)
+        if pinned:
+            with contextlib.suppress(Exception):  # at interpreter exit the context may already be gone
+                driver.synchronize(self.stream)
+                driver.host_free(pinned)
+                for graph in self._graphs.values():
+                    graph.destroy()
+            self._ctrl_pinned = 0
 
     # -- sequence state ------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ at its offset in the file, so quantized blocks reach the kernels exactly as llam
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -83,3 +84,7 @@ class DeviceWeights:
         if self.base:
             driver.free(self.base)
             self.base = 0
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit the context may already be gone
+            self.free()

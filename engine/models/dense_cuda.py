@@ -49,6 +49,7 @@ class CudaModel:
             raise UnsupportedArchitecture(f"{cfg.arch}: RoPE scaling '{cfg.rope_scaling.kind}' (cos/sin magnitude "
                                           f"{cfg.rope_scaling.mscale}) has no CUDA path yet")  # fmt: skip
         self.cfg = cfg
+        self.weights = weights  # owns the device allocation every weight handle below points into
         self.max_seq = max_seq
         self.max_batch = max_batch
         infos = resolve(weights.gf, specs.dense(cfg))
