@@ -12,12 +12,11 @@ import os
 import numpy as np
 import pytest
 
-from engine.cpu.dequant import dequantize
 from engine.cuda import driver, k_matvec
 from engine.cuda.driver import DeviceArray, DeviceWeight
 from engine.errors import CudaError
-from engine.quants import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, row_bytes
-from tests.quant_data import random_weights
+from engine.quants import SUPPORTED_TYPES, GGMLType
+from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
 
 pytestmark = pytest.mark.gpu
 
@@ -28,29 +27,9 @@ RTOL = 1e-5  # of sum |w * x| over the row: float32 accumulation of up to ~11k p
 POISON = 0xFFFFFFFF
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _context() -> None:
-    driver.start_context(0)
-
-
 @pytest.fixture
 def seed() -> int:
     return int(os.environ.get("MATVEC_SEED") or np.random.default_rng().integers(2**63))
-
-
-def needs_blocks(ggml_type: GGMLType, cols: int) -> None:
-    if cols % BLOCK_SIZES[ggml_type][0]:
-        pytest.skip(f"{ggml_type.name} rows are whole {BLOCK_SIZES[ggml_type][0]}-value blocks")
-
-
-class Weight:
-    """A random (rows, cols) matrix on the device in its GGUF layout, allocated to the byte, and its f64 values."""
-
-    def __init__(self, rng: np.random.Generator, ggml_type: GGMLType, rows: int, cols: int):
-        raw = random_weights(rng, ggml_type, (rows, cols))  # (rows * row_bytes,) u1
-        self.dense = dequantize(raw, ggml_type, (rows, cols)).astype(np.float64)  # (rows, cols)
-        self.array = DeviceArray.from_host(raw)
-        self.dev = DeviceWeight(self.array.ptr, ggml_type, rows, cols, row_bytes(ggml_type, cols), ggml_type.name)
 
 
 def poisoned(shape: tuple[int, ...]) -> DeviceArray:

@@ -261,6 +261,21 @@ def ptr(p: int | DeviceArray | DeviceWeight | None) -> ctypes.c_void_p:
     return arg
 
 
+def need(a: DeviceArray | None, name: str, dtype: str, n: int, aligned: bool = False) -> None:
+    """A launch wrapper's input check: `a` exists, has dtype and at least n elements, 16-byte aligned if asked."""
+    if a is None:
+        raise CudaError(f"{name}: missing")
+    if a.dtype != dtype or a.size < n:
+        raise CudaError(f"{name}: needs {n} elements of {dtype}, got {a.size} of {a.dtype}")
+    if aligned and a.ptr % 16:
+        raise CudaError(f"{name}: address {a.ptr:#x} is not 16-byte aligned")
+
+
+def need_aligned_weight(w: DeviceWeight) -> None:
+    if w.ptr % 16:
+        raise CudaError(f"weight {w.name}: address {w.ptr:#x} is not 16-byte aligned")
+
+
 class Launch:
     """One kernel launch with its arguments packed once, so it can be issued (or captured) cheaply and often."""
 

@@ -8,22 +8,13 @@ of 4. Positions are in device memory (`pos`, one int32), so a launch built once 
 from __future__ import annotations
 
 from engine.cuda import driver
-from engine.cuda.driver import DeviceArray, Launch, f32, i32, ptr, u64
+from engine.cuda.driver import DeviceArray, Launch, f32, i32, need, ptr, u64
 from engine.errors import CudaError
 
 MAX_HEAD_DIM = 256  # hd and vd; rope_dim / 2 <= 128 cos/sin pairs in shared memory
 MAX_VOCAB = 1 << 18  # the sampler's fixed-point mass: p * 2^45 summed over V <= 2^18 tokens stays below 2^63
 _SMEM_OPTIN = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _smem_set: dict[int, int] = {}
-
-
-def _need(a: DeviceArray | None, name: str, dtype: str, n: int, aligned: bool = False) -> None:
-    if a is None:
-        raise CudaError(f"{name}: missing")
-    if a.dtype != dtype or a.size < n:
-        raise CudaError(f"{name}: needs {n} elements of {dtype}, got {a.size} of {a.dtype}")
-    if aligned and a.ptr % 16:
-        raise CudaError(f"{name}: address {a.ptr:#x} is not 16-byte aligned")
 
 
 def _heads(H: int, KVH: int, hd: int, vd: int) -> None:
@@ -35,16 +26,16 @@ def _heads(H: int, KVH: int, hd: int, vd: int) -> None:
 
 def _cache(k_cache: DeviceArray, v_cache: DeviceArray, rows: int, KVH: int, hd: int, vd: int) -> None:
     # (max_seq, KVH, hd) and (max_seq, KVH, vd) f32 of one layer; `rows` positions at least
-    _need(k_cache, "k_cache", "f4", rows * KVH * hd, aligned=True)
-    _need(v_cache, "v_cache", "f4", rows * KVH * vd, aligned=True)
+    need(k_cache, "k_cache", "f4", rows * KVH * hd, aligned=True)
+    need(v_cache, "v_cache", "f4", rows * KVH * vd, aligned=True)
 
 
 def rmsnorm_rows(x: DeviceArray, w: DeviceArray, eps: float, y: DeviceArray, n: int) -> Launch:
     """y[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w for i < n. x, y (n, K) f32 (y may be x); w (K,) f32."""
     K = w.size
-    _need(w, "w", "f4", K)
-    _need(x, "x", "f4", n * K)
-    _need(y, "y", "f4", n * K)
+    need(w, "w", "f4", K)
+    need(x, "x", "f4", n * K)
+    need(y, "y", "f4", n * K)
     fn = driver.module("norm_rope").fn("rmsnorm_rows")
     return Launch(fn, (n,), (256,), [ptr(x), ptr(w), f32(eps), ptr(y), i32(n), i32(K)])
 
@@ -67,14 +58,14 @@ def qk_rope_kv(
     _heads(H, KVH, hd, vd)
     if not (0 < rope_dim <= hd and rope_dim % 2 == 0):
         raise CudaError(f"qk_rope_kv: rope_dim {rope_dim} must be even and within head_dim {hd}")
-    _need(q, "q", "f4", n * H * hd)
-    _need(k, "k", "f4", n * KVH * hd)
-    _need(v, "v", "f4", n * KVH * vd)
+    need(q, "q", "f4", n * H * hd)
+    need(k, "k", "f4", n * KVH * hd)
+    need(v, "v", "f4", n * KVH * vd)
     optional = ((q_norm, "q_norm", hd), (k_norm, "k_norm", hd), (freq_factors, "freq_factors", rope_dim // 2))
     for a, name, size in optional:
         if a is not None:
-            _need(a, name, "f4", size)
-    _need(pos, "pos", "i4", 1)
+            need(a, name, "f4", size)
+    need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, n, KVH, hd, vd)
     fn = driver.module("norm_rope").fn("qk_rope_kv")
     args = [ptr(q), ptr(k), ptr(v), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), ptr(q_norm), ptr(k_norm), f32(eps),
@@ -95,11 +86,11 @@ def attn_decode(
     _heads(H, KVH, hd, vd)
     if n_splits < 1:
         raise CudaError(f"attn_decode: n_splits {n_splits} < 1")
-    _need(q, "q", "f4", H * hd, aligned=True)
-    _need(pos, "pos", "i4", 1)
+    need(q, "q", "f4", H * hd, aligned=True)
+    need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, 1, KVH, hd, vd)
-    _need(part_o, "part_o", "f4", H * n_splits * vd)
-    _need(part_ml, "part_ml", "f4", H * n_splits * 2)
+    need(part_o, "part_o", "f4", H * n_splits * vd)
+    need(part_ml, "part_ml", "f4", H * n_splits * 2)
     fn = driver.module("attention").fn("attn_decode")
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             i32(n_splits), ptr(part_o), ptr(part_ml)]  # fmt: skip
@@ -108,9 +99,9 @@ def attn_decode(
 
 def attn_combine(part_o: DeviceArray, part_ml: DeviceArray, H: int, n_splits: int, vd: int, out: DeviceArray) -> Launch:
     """out (H*vd,) f32 from attn_decode's partials: part_o (H, n_splits, vd), part_ml (H, n_splits, 2) f32."""
-    _need(part_o, "part_o", "f4", H * n_splits * vd)
-    _need(part_ml, "part_ml", "f4", H * n_splits * 2)
-    _need(out, "out", "f4", H * vd)
+    need(part_o, "part_o", "f4", H * n_splits * vd)
+    need(part_ml, "part_ml", "f4", H * n_splits * 2)
+    need(out, "out", "f4", H * vd)
     fn = driver.module("attention").fn("attn_combine")
     return Launch(fn, (H,), (128,), [ptr(part_o), ptr(part_ml), i32(H), i32(n_splits), i32(vd), ptr(out)])
 
@@ -128,10 +119,10 @@ def attn_prefill(
     out: DeviceArray,  # (n, H*vd) f32
 ) -> Launch:  # fmt: skip
     _heads(H, KVH, hd, vd)
-    _need(q, "q", "f4", n * H * hd, aligned=True)
-    _need(pos, "pos", "i4", 1)
+    need(q, "q", "f4", n * H * hd, aligned=True)
+    need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, n, KVH, hd, vd)
-    _need(out, "out", "f4", n * H * vd, aligned=True)
+    need(out, "out", "f4", n * H * vd, aligned=True)
     fn = driver.module("attention").fn("attn_prefill")
     smem = prefill_smem_bytes(hd, vd)
     if smem > 48 * 1024 and _smem_set.get(fn.value, 0) < smem:  # above 48 KiB a kernel must opt in, once
@@ -145,8 +136,8 @@ def attn_prefill(
 def _vocab(logits: DeviceArray, V: int, out: DeviceArray) -> None:
     if not 1 <= V <= MAX_VOCAB:
         raise CudaError(f"sampler: vocabulary of {V} outside 1..{MAX_VOCAB}")
-    _need(logits, "logits", "f4", V)
-    _need(out, "out", "i4", 1)
+    need(logits, "logits", "f4", V)
+    need(out, "out", "i4", 1)
 
 
 def argmax(logits: DeviceArray, V: int, out: DeviceArray) -> Launch:
@@ -160,7 +151,7 @@ def sample(logits: DeviceArray, V: int, temperature: float, top_k: int, top_p: f
     """engine.sampling.sample(logits[:V], params, *step) into out (1,) i32, then *step += 1 (step (1,) i32).
     Kernel sample_f32; temperature 0 or top_k 1 is greedy."""
     _vocab(logits, V, out)
-    _need(step, "step", "i4", 1)
+    need(step, "step", "i4", 1)
     if not (temperature >= 0.0 and top_k >= 0 and 0.0 < top_p <= 1.0 and 0 <= seed < 1 << 64):
         raise CudaError(f"sampler: bad parameters T={temperature} top_k={top_k} top_p={top_p} seed={seed}")
     fn = driver.module("sample").fn("sample_f32")
@@ -171,5 +162,5 @@ def sample(logits: DeviceArray, V: int, temperature: float, top_k: int, top_p: f
 
 def advance(pos: DeviceArray, n: int) -> Launch:
     """*pos += n (pos (1,) i32): moves a captured decode graph to the next position."""
-    _need(pos, "pos", "i4", 1)
+    need(pos, "pos", "i4", 1)
     return Launch(driver.module("sample").fn("advance"), (1,), (1,), [ptr(pos), i32(n)])

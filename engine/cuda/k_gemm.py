@@ -9,7 +9,7 @@ blocks read A while a block writes C, so A must not overlap C; resid is either C
 from __future__ import annotations
 
 from engine.cuda import driver
-from engine.cuda.driver import DeviceArray, DeviceWeight, Launch, i32, i64, ptr
+from engine.cuda.driver import DeviceArray, DeviceWeight, Launch, i32, i64, need, need_aligned_weight, ptr
 from engine.errors import CudaError
 from engine.quants import BLOCK_SIZES, GGMLType, row_bytes
 
@@ -18,16 +18,12 @@ THREADS = 128
 
 
 def _need(a: DeviceArray, name: str, n: int) -> None:
-    if a.dtype != "f4" or a.size < n:
-        raise CudaError(f"gemm {name}: needs {n} elements of f4, got {a.size} of {a.dtype}")
-    if a.ptr % 16:
-        raise CudaError(f"gemm {name}: address {a.ptr:#x} is not 16-byte aligned")
+    need(a, f"gemm {name}", "f4", n, aligned=True)
 
 
 def _need_weight(w: DeviceWeight) -> None:
     t = GGMLType(w.ggml_type)
-    if w.ptr % 16:
-        raise CudaError(f"gemm weight {w.name}: address {w.ptr:#x} is not 16-byte aligned")
+    need_aligned_weight(w)
     # The kernels step K by 32 (16 in swiglu) and read each row as whole blocks, row_bytes apart.
     if w.cols % max(32, BLOCK_SIZES[t][0]) or w.row_bytes != row_bytes(t, w.cols):
         raise CudaError(f"gemm weight {w.name}: {w.cols} columns in rows of {w.row_bytes} bytes is not whole "

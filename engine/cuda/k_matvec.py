@@ -8,26 +8,12 @@ embedding output) and weights must be 16-byte aligned (cudaMalloc'd arrays and G
 from __future__ import annotations
 
 from engine.cuda import driver
-from engine.cuda.driver import DeviceArray, DeviceWeight, Launch, f32, i32, i64, ptr
+from engine.cuda.driver import DeviceArray, DeviceWeight, Launch, f32, i32, i64, need, need_aligned_weight, ptr
 from engine.errors import CudaError
 
 ROWS_PER_BLOCK = 8  # matvec: 8 warps, 8 output rows per block; gather_dot: one output per warp
 THREADS = 256
 TOKEN_BUCKETS = (1, 2, 4, 8)  # matvec_*_n{N} variants; a launch of n tokens uses the smallest N >= n
-
-
-def _need(a: DeviceArray | None, name: str, dtype: str, n: int, aligned: bool = False) -> None:
-    if a is None:
-        raise CudaError(f"{name}: missing")
-    if a.dtype != dtype or a.size < n:
-        raise CudaError(f"{name}: needs {n} elements of {dtype}, got {a.size} of {a.dtype}")
-    if aligned and a.ptr % 16:
-        raise CudaError(f"{name}: address {a.ptr:#x} is not 16-byte aligned")
-
-
-def _need_weight(w: DeviceWeight) -> None:
-    if w.ptr % 16:
-        raise CudaError(f"weight {w.name}: address {w.ptr:#x} is not 16-byte aligned")
 
 
 def _bucket(n: int) -> int:
@@ -52,13 +38,13 @@ def matvec(
     resid: DeviceArray | None = None,  # (n, R) f4, may be y itself
 ) -> Launch:
     big_n = _bucket(n)
-    _need_weight(w)
-    _need(x, "x", "f4", n * w.cols, aligned=True)
-    _need(y, "y", "f4", n * w.rows)
+    need_aligned_weight(w)
+    need(x, "x", "f4", n * w.cols, aligned=True)
+    need(y, "y", "f4", n * w.rows)
     if norm_w is not None:
-        _need(norm_w, "norm_w", "f4", w.cols, aligned=True)
+        need(norm_w, "norm_w", "f4", w.cols, aligned=True)
     if resid is not None:
-        _need(resid, "resid", "f4", n * w.rows)
+        need(resid, "resid", "f4", n * w.rows)
     fn = driver.module("matvec").fn(f"matvec_{w.tag}_n{big_n}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
             ptr(y)]  # fmt: skip
@@ -79,12 +65,12 @@ def matvec_swiglu(
         raise CudaError(f"swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
                         f"{wu.rows}x{wu.cols}")  # fmt: skip
     big_n = _bucket(n)
-    _need_weight(wg)
-    _need_weight(wu)
-    _need(x, "x", "f4", n * wg.cols, aligned=True)
-    _need(y, "y", "f4", n * wg.rows)
+    need_aligned_weight(wg)
+    need_aligned_weight(wu)
+    need(x, "x", "f4", n * wg.cols, aligned=True)
+    need(y, "y", "f4", n * wg.rows)
     if norm_w is not None:
-        _need(norm_w, "norm_w", "f4", wg.cols, aligned=True)
+        need(norm_w, "norm_w", "f4", wg.cols, aligned=True)
     fn = driver.module("matvec").fn(f"matvec_swiglu_{wg.tag}_n{big_n}")
     args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(x), i32(n), ptr(norm_w),
             f32(eps), ptr(y)]  # fmt: skip
@@ -101,10 +87,10 @@ def gather_dot(
 ) -> Launch:
     if n < 1 or x_stride < 0 or x_stride % 4:
         raise CudaError(f"gather_dot: n={n} must be >= 1 and x_stride={x_stride} a non-negative multiple of 4")
-    _need_weight(w)
-    _need(x, "x", "f4", (n - 1) * x_stride + w.cols, aligned=True)
-    _need(rows, "rows", "i4", n)
-    _need(out, "out", "f4", n)
+    need_aligned_weight(w)
+    need(x, "x", "f4", (n - 1) * x_stride + w.cols, aligned=True)
+    need(rows, "rows", "i4", n)
+    need(out, "out", "f4", n)
     fn = driver.module("matvec").fn(f"gather_dot_{w.tag}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.cols), ptr(x), i64(x_stride), ptr(rows), i32(n), ptr(out)]
     return Launch(fn, (_blocks(n, ROWS_PER_BLOCK),), (THREADS,), args)
@@ -118,9 +104,9 @@ def embed(
 ) -> Launch:
     if n < 1:
         raise CudaError(f"embed: n={n} must be >= 1")
-    _need_weight(w)
-    _need(ids, "ids", "i4", n)
-    _need(out, "out", "f4", n * w.cols, aligned=True)
+    need_aligned_weight(w)
+    need(ids, "ids", "i4", n)
+    need(out, "out", "f4", n * w.cols, aligned=True)
     fn = driver.module("embed").fn(f"embed_{w.tag}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.cols), ptr(ids), i32(n), ptr(out)]
     return Launch(fn, (n,), (THREADS,), args)

@@ -1,0 +1,34 @@
+"""The CUDA cold path imports neither NumPy nor CuPy proper (DESIGN.md §2: together worth ~0.6 s on a cold GPU
+machine), and the prepare cache gives the same tokenizer as the GGUF."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from tests import conformance as C
+
+CODE = """
+import sys
+from engine.cuda import prestart
+prestart("cuda")                      # a no-op here (no driver), but its imports count
+import engine.engine, engine.cuda.runner, engine.cuda.upload, engine.models.dense_cuda
+from engine.prepare import open_model
+m = open_model(sys.argv[1])
+assert m.cache_used
+ids = m.tokenizer.encode("<|im_start|>user\\nThe capital of France is<|im_end|>")
+heavy = sorted(k for k in sys.modules if k.split(".")[0] in ("numpy", "cupy"))
+print(heavy)
+"""
+
+
+def test_cuda_cold_path_needs_no_numpy(tmp_path):
+    model = str(tmp_path / "m.gguf")
+    shutil.copy(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), model)
+    from engine.prepare import write_cache
+
+    write_cache(model)
+    p = subprocess.run([sys.executable, "-c", CODE, model], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]", p.stdout
