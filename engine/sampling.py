@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.errors import InvalidInput
 
 _MASK64 = (1 << 64) - 1
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # Below 1e-5 the distribution is a point mass for any real logits anyway, and logits / T could overflow.
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     @staticmethod
     def make(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> SamplingParams:
