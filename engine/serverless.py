@@ -11,7 +11,7 @@ Facts about runpod-python 1.12.0 this module exists for (serverless/README.md ha
 - In `--test_input` / test_input.json mode the SDK does not iterate a generator handler (it prints the generator
   object); `start` hands it a collecting, non-generator form of the handler instead.
 - The automatic start-up fitness checks (nvidia-smi runs, an 8.8.8.8 probe, a `gpu_test` binary, then
-  `import cupy` and a CuPy matmul over `cupy.random`, which needs NVRTC/cuRAND/cuBLAS — not in this image, and a
+  `import cupy` and a CuPy matmul over random arrays, which needs NVRTC/cuRAND/cuBLAS — not in this image, and a
   RuntimeError there kills the worker) are switched off; the engine's own load is the GPU check, registered as a
   fitness check that fails when the model did not load.
 """

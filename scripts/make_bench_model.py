@@ -25,7 +25,6 @@ Tensors are generated and written one at a time (gguf-py's GGUFWriter, streaming
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, REPO)
 
 from engine import gguf as engine_gguf  # noqa: E402  (the repo's reader: parses the 152k-token vocab in ~0.1 s)
+from engine.prepare import file_sha256  # noqa: E402
 
 VOCAB_GGUF = os.path.join(REPO, "tests", "fixtures", "tokenizer", "qwen3-vocab.gguf")
 Q = GGMLQuantizationType
@@ -289,14 +289,6 @@ def type_counts(plan: list[TensorSpec]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quant", choices=sorted(QUANTS), required=True)
@@ -317,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = ", ".join(f"{k}: {v}" for k, v in type_counts(plan).items())
     print(out)
     print(f"size    {size:,} bytes ({size / 2**20:.1f} MiB), written in {seconds:.2f} s")
-    print(f"sha256  {_sha256(out)}")
+    print(f"sha256  {file_sha256(out)}")
     print(f"tensors {len(plan)} ({counts})")
     return 0
 
