@@ -10,7 +10,7 @@ import json
 import os
 
 from engine import timing
-from engine.errors import EngineError
+from engine.errors import EngineError, env_int
 from engine.timing import Stopwatch
 
 
@@ -21,7 +21,7 @@ def smoke() -> dict:
 
     n = 1024
     with Stopwatch() as init_sw:
-        driver.start_context(int(os.environ.get("REFLEX_DEVICE", "0")))
+        driver.start_context(env_int("REFLEX_DEVICE", 0))
     with Stopwatch() as load_sw:
         driver.module("smoke")
     with Stopwatch() as run_sw:

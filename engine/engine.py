@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from engine import models, system1, timing
 from engine.config import ModelConfig
-from engine.errors import ContextOverflow, CudaError, InvalidInput, UnsupportedArchitecture
+from engine.errors import ContextOverflow, CudaError, InvalidInput, UnsupportedArchitecture, env_int
 from engine.generation import GenerateStream
 from engine.prepare import file_sha256, open_model
 from engine.sampling import SamplingParams
@@ -50,7 +50,7 @@ def _start_backend(requested: str | None):
         if choice == "auto":
             return "cpu", None
         raise
-    return choice, driver.ContextStarter(int(os.environ.get("REFLEX_DEVICE", "0")))
+    return choice, driver.ContextStarter(env_int("REFLEX_DEVICE", 0))
 
 
 def _cuda_runner(config: ModelConfig, gf, family: str, max_seq: int, context):
@@ -90,7 +90,7 @@ class Engine:
         gf = opened.file
         config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
         family = models.family_name(config.arch)
-        limit = max_seq_len or int(os.environ.get("MAX_SEQ_LEN", DEFAULT_MAX_SEQ))
+        limit = max_seq_len or env_int("MAX_SEQ_LEN", DEFAULT_MAX_SEQ, minimum=1)
         max_seq = max(1, min(limit, config.n_ctx))
         cuda_phases: dict = {"cuda_init_ms": None}
         with Stopwatch() as load_sw:

@@ -50,6 +50,22 @@ class OutOfMemory(EngineError):
     kind = "out_of_memory"
 
 
+def env_int(name: str, default: int, minimum: int = 0) -> int:
+    """An integer setting from the environment; a malformed one is an `invalid_input` error naming it."""
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"environment variable {name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise InvalidInput(f"environment variable {name}={value} must be at least {minimum}")
+    return value
+
+
 ERROR_KINDS = (
     "gguf",
     "unsupported_architecture",

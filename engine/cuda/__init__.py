@@ -6,7 +6,7 @@ import importlib
 import importlib.util
 import os
 
-from engine.errors import UnsupportedArchitecture
+from engine.errors import EngineError, UnsupportedArchitecture, env_int
 from engine.timing import Stopwatch
 
 DEFAULT_MAX_BATCH = 512  # tokens per prefill launch; longer prompts run in chunks
@@ -32,9 +32,10 @@ def prestart(backend: str | None = None) -> None:
 
     try:
         driver.libcuda()
-    except driver.CudaError:
+        device = env_int("REFLEX_DEVICE", 0)
+    except EngineError:  # no driver, or a malformed setting that Engine.load then reports properly
         return
-    _prestarted = driver.ContextStarter(int(os.environ.get("REFLEX_DEVICE", "0")))
+    _prestarted = driver.ContextStarter(device)
 
 
 def take_prestarted():
@@ -59,7 +60,7 @@ def load_runner(config, gf, family_name: str, max_seq: int, context) -> tuple[ob
     stream = driver.stream_create()
     weights = DeviceWeights(gf, stream)
     family = importlib.import_module(f"engine.models.{family_name}_cuda")
-    max_batch = int(os.environ.get("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH))
+    max_batch = env_int("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH, minimum=1)
     with Stopwatch() as build_sw:
         model = family.CudaModel(config, weights, max_seq, max_batch)
         runner = CudaRunner(model, stream, context.device)
