@@ -35,9 +35,13 @@ def load(gf: GGUFFile, specs: list[TensorSpec], n_layers: int) -> tuple[dict[str
 
 
 class Head:
-    """token_embd (n_vocab, dim), output_norm (dim,), output (n_vocab, dim): the runner reads `output`."""
+    """Base of the families' CpuModel: dequantizes the family's tensors once (`self.layers`, `self.top` for the
+    model-level ones) and holds the head: token_embd (n_vocab, dim), output_norm (dim,), output (n_vocab, dim), which
+    the runner reads."""
 
-    def __init__(self, cfg: ModelConfig, top: dict[str, np.ndarray]):
+    def __init__(self, cfg: ModelConfig, gf: GGUFFile, specs: list[TensorSpec]):
+        top, self.layers = load(gf, specs, cfg.n_layers)
+        self.top = top
         self.cfg = cfg
         self.token_embd = top["token_embd"]
         self.output_norm = top["output_norm"]

@@ -20,9 +20,8 @@ class CpuModel(blocks.Head):
     """The NumPy reference forward pass. Weights are dequantized to float32 once, here."""
 
     def __init__(self, cfg: ModelConfig, gf: GGUFFile):
-        top, self.layers = blocks.load(gf, specs.dense(cfg), cfg.n_layers)
-        super().__init__(cfg, top)
-        self.rope_freqs = top.get("rope_freqs")  # (rope_dim / 2,) or None
+        super().__init__(cfg, gf, specs.dense(cfg))
+        self.rope_freqs = self.top.get("rope_freqs")  # (rope_dim / 2,) or None
 
     def new_cache(self, limit: int) -> KVCache:
         c = self.cfg

@@ -70,8 +70,7 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
 class CpuModel(blocks.Head):
     def __init__(self, cfg: ModelConfig, gf: GGUFFile):
         assert cfg.gdn is not None
-        top, self.layers = blocks.load(gf, tensor_specs(cfg), cfg.n_layers)
-        super().__init__(cfg, top)
+        super().__init__(cfg, gf, tensor_specs(cfg))
         self.gdn = cfg.gdn
         # Each layer's index among the layers of its kind: its slot in the K/V cache or in the recurrent state.
         self.slots = [cfg.gdn.recurrent[:i].count(kind) for i, kind in enumerate(cfg.gdn.recurrent)]

@@ -71,8 +71,7 @@ def kq_scale(cfg: ModelConfig) -> float:
 class CpuModel(blocks.Head):
     def __init__(self, cfg: ModelConfig, gf: GGUFFile):
         assert cfg.mla is not None
-        top, self.layers = blocks.load(gf, tensor_specs(cfg), cfg.n_layers)
-        super().__init__(cfg, top)
+        super().__init__(cfg, gf, tensor_specs(cfg))
         self.mla = cfg.mla
         self.kq_scale = kq_scale(cfg)
 
