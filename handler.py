@@ -9,16 +9,18 @@ Job schemas, env settings and deployment: serverless/README.md.
 
 import os
 
-from engine import serverless, timing  # first: the cold-start clock and the SDK import thread need nothing else
+from engine import timing
+from engine.worker import serverless  # first: the cold-start clock and the SDK import thread need nothing else
 
 serverless.configure_environment()
 _imports = serverless.RunpodImport(
     background=os.environ.get("REFLEX_RUNPOD_IMPORT") != "serial",
-    preload=("engine.jobs", "engine.openai_api"),  # the job schemas (pydantic): needed from the first job on
+    # the job schemas (pydantic): needed from the first job on
+    preload=("engine.worker.jobs", "engine.worker.openai_api"),
     warm=("jinja2", "jinja2.sandbox"),  # chat templates: imported while the worker waits for its first job
 )
 
-from engine.worker import Worker  # noqa: E402 - after the background imports have started
+from engine.worker.service import Worker  # noqa: E402 - after the background imports have started
 
 timing.mark_imports_done()
 worker = Worker.load()

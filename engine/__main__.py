@@ -1,4 +1,4 @@
-"""python -m engine ...: see engine/cli.py."""
+"""python -m engine ...: see engine/tools/cli.py."""
 
 import sys
 
@@ -19,6 +19,6 @@ def _requested_backend(argv: list[str]) -> str | None:
 if len(sys.argv) > 1 and sys.argv[1] in ("system1", "generate", "check", "bench"):
     prestart(_requested_backend(sys.argv))
 
-from engine.cli import main  # noqa: E402
+from engine.tools.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -12,21 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import archs
 from engine.errors import GGUFError, UnsupportedArchitecture
-
-# general.architecture -> RoPE pairing. "neox" rotates (x[i], x[i + n/2]); "norm" rotates (x[2i], x[2i+1]).
-# qwen35's IMROPE gives every MRoPE section the same position for text, which is exactly NEOX on rope_dim dims.
-ROPE_TYPES = {
-    "qwen3": "neox",
-    "llama": "norm",
-    "qwen3moe": "neox",
-    "qwen35": "neox",
-    "qwen35moe": "neox",
-    "qwen3next": "neox",
-    "deepseek2": "norm",
-}
-SUPPORTED_ARCHITECTURES = tuple(ROPE_TYPES)
-HYBRID_ARCHITECTURES = ("qwen35", "qwen35moe", "qwen3next")
 
 _MISSING = object()
 _GATING_FUNCS = {1: "softmax", 2: "sigmoid"}  # {arch}.expert_gating_func values llama.cpp implements for these
@@ -120,18 +107,16 @@ class ModelConfig:
         arch = metadata.get("general.architecture")
         if not isinstance(arch, str):
             raise GGUFError("metadata has no string key 'general.architecture'")
-        if arch not in ROPE_TYPES:
-            raise UnsupportedArchitecture(
-                f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-            )
+        row = archs.get(arch)  # which sections below apply
         keys = _Keys(metadata, arch)
-        cfg = _common(metadata, keys, tensors)
-        if arch in ("qwen3moe", "qwen35moe", "qwen3next"):
+        cfg = _common(metadata, keys, tensors, row.rope)
+        if row.moe == "qwen" and (not row.moe_optional or keys.int("expert_count", 0) > 0):
             cfg["moe"] = _qwen_moe(keys, cfg, tensors)
-        if arch in HYBRID_ARCHITECTURES:
+        if row.deltanet:
             cfg["gdn"] = _gated_deltanet(keys, cfg["n_layers"])
-        if arch == "deepseek2":
+        if row.mla:
             cfg["mla"] = _mla(keys, cfg)
+        if row.moe == "deepseek":
             cfg["moe"] = _deepseek_moe(keys, cfg, tensors)
         return cls(**cfg)
 
@@ -257,7 +242,7 @@ def _any_layer_has(tensors: Mapping[str, Any] | None, suffix: str, n_layers: int
     return tensors is not None and any(f"blk.{i}.{suffix}" in tensors for i in range(n_layers))
 
 
-def _common(md: Mapping[str, Any], keys: _Keys, tensors: Mapping[str, Any] | None) -> dict[str, Any]:
+def _common(md: Mapping[str, Any], keys: _Keys, tensors: Mapping[str, Any] | None, rope: str) -> dict[str, Any]:
     arch = keys.arch
     dim = keys.int("embedding_length")
     n_heads = keys.layer_int("attention.head_count")
@@ -288,7 +273,7 @@ def _common(md: Mapping[str, Any], keys: _Keys, tensors: Mapping[str, Any] | Non
         n_vocab=_n_vocab(md, keys, tensors),
         n_ctx=n_ctx,
         norm_eps=keys.float("attention.layer_norm_rms_epsilon", 1e-5),
-        rope_type=ROPE_TYPES[arch],
+        rope_type=rope,
         rope_theta=keys.float("rope.freq_base", 10000.0),
         rope_dim=rope_dim,
         rope_scaling=_rope_scaling(keys, n_ctx),
@@ -297,7 +282,7 @@ def _common(md: Mapping[str, Any], keys: _Keys, tensors: Mapping[str, Any] | Non
     )
 
 
-# -- MoE: qwen3moe, qwen35moe, qwen3next ---------------------------------------------------------------------------
+# -- MoE: qwen3moe, qwen35moe, qwen3next, Mixtral-style llama ----------------------------------------------------------
 
 
 def _experts(keys: _Keys, cfg: dict[str, Any]) -> tuple[int, int, int]:

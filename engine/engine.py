@@ -18,8 +18,8 @@ from engine.errors import ContextOverflow, CudaError, InvalidInput, UnsupportedA
 from engine.generation import GenerateStream
 from engine.prepare import file_sha256, open_model
 from engine.sampling import SamplingParams
+from engine.text.tokenizer import Tokenizer
 from engine.timing import Stopwatch
-from engine.tokenizer import Tokenizer
 from engine.weights import quant_mix
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,11 @@ def _start_backend(requested: str | None):
     """("cpu" | "cuda" | "auto", a ContextStarter or None). For CUDA the context is created on a thread from here
     on, overlapping the model open and the tokenizer build; "auto" means CUDA when kernels are built and a driver
     is present, with a fall-back to the CPU if the context then cannot be created."""
-    choice = (requested or os.environ.get("REFLEX_BACKEND") or "auto").lower()
-    if choice not in ("auto", "cpu", "cuda"):
-        raise InvalidInput(f"backend must be auto, cpu or cuda, got {choice!r}")
+    from engine import cuda
+
+    choice = cuda.backend_choice(requested)
     if choice == "cpu":
         return "cpu", None
-    from engine import cuda
     from engine.cuda import driver
 
     started = cuda.take_prestarted()
@@ -53,10 +52,10 @@ def _start_backend(requested: str | None):
     return choice, driver.ContextStarter(env_int("REFLEX_DEVICE", 0))
 
 
-def _cuda_runner(config: ModelConfig, gf, family: str, max_seq: int, context):
+def _cuda_runner(config: ModelConfig, gf, max_seq: int, context):
     from engine.cuda import load_runner
 
-    return load_runner(config, gf, family, max_seq, context)
+    return load_runner(config, gf, max_seq, context)
 
 
 class Engine:
@@ -89,7 +88,6 @@ class Engine:
             opened = open_model(path)
         gf = opened.file
         config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
-        family = models.family_name(config.arch)
         limit = max_seq_len or env_int("MAX_SEQ_LEN", DEFAULT_MAX_SEQ, minimum=1)
         max_seq = max(1, min(limit, config.n_ctx))
         cuda_phases: dict = {"cuda_init_ms": None}
@@ -98,7 +96,7 @@ class Engine:
             runner = None
             if context is not None:
                 try:
-                    runner, cuda_phases = _cuda_runner(config, gf, family, max_seq, context)
+                    runner, cuda_phases = _cuda_runner(config, gf, max_seq, context)
                 except (CudaError, UnsupportedArchitecture) as e:
                     if chosen == "cuda":
                         raise
@@ -229,8 +227,8 @@ class Engine:
         return stream.result
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, **extra) -> str:
-        """Prompt text for chat `messages` ([{"role", "content"}]) through the GGUF's template (engine/chat.py)."""
-        from engine import chat
+        """Prompt text for chat `messages` ([{"role", "content"}]) through the GGUF's template (engine/text/chat.py)."""
+        from engine.text import chat
 
         tok = self.tokenizer
         bos, eos = ("" if i is None else tok.piece(i, skip_special=False).decode("utf-8", "replace")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from engine import gguf
 from engine.quants import GGMLType
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -78,22 +78,23 @@ BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
     GGMLType.MXFP4: (32, 17),
 }
 
-# The types the engine computes with (both backends). Anything else is an `unsupported_architecture` error at load.
-SUPPORTED_TYPES = frozenset(
-    {
-        GGMLType.F32,
-        GGMLType.F16,
-        GGMLType.BF16,
-        GGMLType.Q4_0,
-        GGMLType.Q4_1,
-        GGMLType.Q5_0,
-        GGMLType.Q5_1,
-        GGMLType.Q8_0,
-        GGMLType.Q4_K,
-        GGMLType.Q5_K,
-        GGMLType.Q6_K,
-    }
-)
+# The types the engine computes with, and the kernel-name tag of each (the suffix of `matvec_{tag}_n8`, `gemm_{tag}`,
+# ...: kernels/quant.cuh instantiates Q_FOR_EACH_TYPE for exactly these; tests/test_layout.py holds the two equal).
+# Any other type is an `unsupported_architecture` error at load, on both backends.
+KERNEL_TAGS: dict[GGMLType, str] = {
+    GGMLType.F32: "f32",
+    GGMLType.F16: "f16",
+    GGMLType.BF16: "bf16",
+    GGMLType.Q8_0: "q8_0",
+    GGMLType.Q4_0: "q4_0",
+    GGMLType.Q4_1: "q4_1",
+    GGMLType.Q5_0: "q5_0",
+    GGMLType.Q5_1: "q5_1",
+    GGMLType.Q4_K: "q4_k",
+    GGMLType.Q5_K: "q5_k",
+    GGMLType.Q6_K: "q6_k",
+}
+SUPPORTED_TYPES = frozenset(KERNEL_TAGS)
 
 
 def type_name(type_id: int) -> str:

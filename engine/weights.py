@@ -6,8 +6,9 @@ the file's tensor table and returns the infos, so the backends never meet a miss
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from engine.errors import GGUFError, UnsupportedArchitecture
 from engine.gguf import GGUFFile, TensorInfo
@@ -36,6 +37,24 @@ def resolve(gf: GGUFFile, specs: Iterable[TensorSpec]) -> dict[str, TensorInfo]:
             raise UnsupportedArchitecture(f"tensor '{spec.name}' has type {info.ggml_type.name}, not supported yet")
         found[spec.name] = info
     return found
+
+
+V = TypeVar("V")
+
+
+def group_by_layer(tensors: Mapping[str, V], n_layers: int) -> tuple[dict[str, V], list[dict[str, V]]]:
+    """Split resolved tensors (full GGUF name -> anything) into the model-level ones, keyed by the name without
+    ".weight" ("token_embd", "output_norm", "rope_freqs"), and one dict per layer keyed by the name within the
+    block ("attn_q", "ffn_down_exps", "ssm_a", "ssm_dt" for blk.N.ssm_dt.bias). Both backends load through this."""
+    top: dict[str, V] = {}
+    layers: list[dict[str, V]] = [{} for _ in range(n_layers)]
+    for name, value in tensors.items():
+        if name.startswith("blk."):
+            _, i, short = name.split(".")[:3]
+            layers[int(i)][short] = value
+        else:
+            top[name.removesuffix(".weight")] = value
+    return top, layers
 
 
 def quant_mix(gf: GGUFFile) -> dict[str, int]:

@@ -13,9 +13,11 @@ import statistics
 
 import numpy as np
 
-from engine.cuda import driver
+from engine.cuda import driver, memory
 from engine.cuda import k_attention as ka
-from engine.cuda.driver import DeviceArray
+from engine.cuda import k_norm_rope as knr
+from engine.cuda import k_sample as ks
+from engine.cuda.memory import DeviceArray
 
 H, KVH, HD = 16, 8, 128
 
@@ -23,11 +25,11 @@ H, KVH, HD = 16, 8, 128
 def timed(launches: list[driver.Launch], stream: int, reps: int = 20, inner: int = 10) -> tuple[float, float, float]:
     """(median, min, max) milliseconds of one pass over `launches`, replayed from a CUDA graph of `inner` passes so
     that Python's launch overhead is not in the figure."""
-    with driver.Graph(stream) as graph:
+    with memory.Graph(stream) as graph:
         for _ in range(inner):
             for launch in launches:
                 launch(stream)
-    timer = driver.Timer(stream)
+    timer = memory.Timer(stream)
     for _ in range(3):
         graph.launch()
     times = []
@@ -50,7 +52,7 @@ def main() -> None:
     driver.start_context(0)
     info = driver.device_info(0)
     print(f"device: {info['name']} ({info['arch']})")
-    stream = driver.stream_create()
+    stream = memory.stream_create()
     rng = np.random.default_rng(0)
     max_seq, scale = 4096, 1.0 / np.sqrt(HD)
     kc, vc = rand((max_seq, KVH, HD), rng), rand((max_seq, KVH, HD), rng)
@@ -68,10 +70,10 @@ def main() -> None:
         f"{ms[0] * args.layers:.2f} ms")  # fmt: skip
     k, v = rand((n, KVH * HD), rng), rand((n, KVH * HD), rng)
     qn, kn = rand((HD,), rng), rand((HD,), rng)
-    rope = ka.qk_rope_kv(q, k, v, n, H, KVH, HD, HD, qn, kn, 1e-6, HD, 1e6, 1.0, None, True, pos, kc, vc)
+    rope = knr.qk_rope_kv(q, k, v, n, H, KVH, HD, HD, qn, kn, 1e-6, HD, 1e6, 1.0, None, True, pos, kc, vc)
     row(f"qk_rope_kv n={n}", timed([rope], stream))
     x, w = rand((n, 1024), rng), rand((1024,), rng)
-    row(f"rmsnorm_rows n={n} K=1024", timed([ka.rmsnorm_rows(x, w, 1e-6, x, n)], stream))
+    row(f"rmsnorm_rows n={n} K=1024", timed([knr.rmsnorm_rows(x, w, 1e-6, x, n)], stream))
 
     q1, att = rand((H * HD,), rng), DeviceArray.empty((H * HD,))
     for L in (128, 1024, 4096):
@@ -89,10 +91,10 @@ def main() -> None:
     host[rng.choice(V, size=40, replace=False)] += rng.uniform(6.0, 14.0, 40).astype(np.float32)
     logits = DeviceArray.from_host(host)
     tok, step = DeviceArray.empty((1,), "i4"), DeviceArray.from_host(np.array([0], np.int32))
-    row(f"argmax V={V}", timed([ka.argmax(logits, V, tok)], stream))
+    row(f"argmax V={V}", timed([ks.argmax(logits, V, tok)], stream))
     for t, top_k, top_p in ((0.7, 20, 0.95), (0.8, 0, 0.9), (1.0, 0, 1.0), (0.6, 0, 0.95)):
         row(f"sample V={V} T={t} top_k={top_k} top_p={top_p}",
-            timed([ka.sample(logits, V, t, top_k, top_p, 1234, step, tok)], stream))  # fmt: skip
+            timed([ks.sample(logits, V, t, top_k, top_p, 1234, step, tok)], stream))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.cuda import driver, k_gemm
-from engine.cuda.driver import DeviceArray, DeviceWeight
+from engine.cuda import driver, k_gemm, memory
+from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.quants import GGMLType, row_bytes
 from tests.quant_data import random_weights
 
@@ -45,13 +45,13 @@ def weight(rng: np.random.Generator, t: GGMLType, rows: int, cols: int) -> tuple
 
 def time_launch(launch: driver.Launch, stream: int, samples: int) -> list[float]:
     """Per-launch milliseconds, one value per sample."""
-    with driver.Graph(stream) as graph:
+    with memory.Graph(stream) as graph:
         for _ in range(REPS):
             launch(stream)
-    timer = driver.Timer(stream)
+    timer = memory.Timer(stream)
     for _ in range(3):
         graph.launch()
-    driver.synchronize(stream)
+    memory.synchronize(stream)
     out = []
     for _ in range(samples):
         timer.start()
@@ -68,7 +68,7 @@ def main() -> None:
     args = ap.parse_args()
     driver.start_context(0)
     info = driver.device_info(0)
-    stream = driver.stream_create()
+    stream = memory.stream_create()
     rng = np.random.default_rng(0)
     n = args.n
     a = DeviceArray.from_host(rng.normal(size=(n, max(m[2] for m in MATRICES))).astype(np.float32))

@@ -38,7 +38,7 @@ print((time.perf_counter() - t0) * 1000)
 OPEN = """
 import sys, time
 from engine.prepare import open_model
-from engine.tokenizer import Tokenizer
+from engine.text.tokenizer import Tokenizer
 t0 = time.perf_counter()
 m = open_model(sys.argv[1])
 tok = m.tokenizer or Tokenizer.from_gguf(m.file)

@@ -7,7 +7,7 @@ import pytest
 
 from engine.cpu.dequant import dequantize
 from engine.cuda import driver
-from engine.cuda.driver import DeviceArray, DeviceWeight
+from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.quants import BLOCK_SIZES, GGMLType, row_bytes
 from tests.quant_data import random_weights
 

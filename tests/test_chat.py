@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import chat
 from engine.engine import Engine
 from engine.errors import InvalidInput, TokenizerError
+from engine.text import chat
 from tests.worker_support import TINY
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <b>there</b> é"}]

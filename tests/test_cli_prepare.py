@@ -78,7 +78,7 @@ def test_prepare_cache_is_used_and_equivalent(model_copy):
     assert {k: v.ne for k, v in cached.file.tensors.items()} == {k: v.ne for k, v in parsed.file.tensors.items()}
     assert all(cached.file.tensors[k].offset == v.offset for k, v in parsed.file.tensors.items())
     assert cached.file.metadata["qwen3.block_count"] == parsed.file.metadata["qwen3.block_count"]
-    from engine.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(parsed.file)
     text = "<|im_start|>user\nWhat is 1234 + 5?<|im_end|>"

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from engine.cpu import ops
-from engine.cuda import driver
+from engine.cuda import driver, memory
 from engine.cuda import k_attention as ka
-from engine.cuda.driver import DeviceArray
+from engine.cuda import k_norm_rope as knr
+from engine.cuda import k_sample as ks
+from engine.cuda.memory import DeviceArray
 from engine.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.gpu
@@ -45,7 +47,7 @@ def poisoned(shape: tuple[int, ...], dtype: str = "f4") -> DeviceArray:
 def run(launch: driver.Launch) -> None:
     # A Launch holds raw pointers only: every DeviceArray it uses must stay referenced until this returns.
     launch(0)
-    driver.synchronize(0)
+    memory.synchronize(0)
 
 
 def cache_with(rows: np.ndarray, max_seq: int, start: int = 0) -> DeviceArray:
@@ -96,7 +98,7 @@ def test_rmsnorm_rows(n: int, K: int, in_place: bool, seed: int) -> None:
     w = rng.standard_normal(K).astype(np.float32)
     dx, dw = dev(x), dev(w)
     dy = dx if in_place else poisoned((n, K))
-    run(ka.rmsnorm_rows(dx, dw, 1e-6, dy, n))
+    run(knr.rmsnorm_rows(dx, dw, 1e-6, dy, n))
     np.testing.assert_allclose(dy.to_host(), rmsnorm64(x, w, 1e-6), rtol=2e-5, atol=2e-5, err_msg=f"seed {seed}")
 
 
@@ -125,7 +127,7 @@ def test_qk_rope_kv(hd, rope_dim, neox, qk_norm, use_factors, freq_scale, n, pos
     dq, dk, dv, kc, vc = dev(q), dev(k), dev(v), poisoned((max_seq, KVH, hd)), poisoned((max_seq, KVH, vd))
     opt = [None if a is None else dev(a) for a in (qn, kn, factors)]
     pos = dev(np.array([pos0]), np.int32)
-    run(ka.qk_rope_kv(dq, dk, dv, n, H, KVH, hd, vd, opt[0], opt[1], eps, rope_dim, theta, freq_scale, opt[2], neox,
+    run(knr.qk_rope_kv(dq, dk, dv, n, H, KVH, hd, vd, opt[0], opt[1], eps, rope_dim, theta, freq_scale, opt[2], neox,
                       pos, kc, vc))  # fmt: skip
 
     positions = np.arange(pos0, pos0 + n)
@@ -216,10 +218,10 @@ def test_argmax_ties(V: int, seed: int) -> None:
     logits = np.round(rng.standard_normal(V) * 2).astype(np.float32)  # integers: many equal maxima
     logits[rng.integers(V, size=3)] = logits.max()
     d, out = dev(logits), poisoned((1,), "i4")
-    assert device_pick(ka.argmax(d, V, out), out) == int(np.argmax(logits)), f"seed {seed}"
+    assert device_pick(ks.argmax(d, V, out), out) == int(np.argmax(logits)), f"seed {seed}"
     step = dev(np.array([5]), np.int32)  # the sampler's greedy path: same id, step still advances
-    assert device_pick(ka.sample(d, V, 0.0, 0, 1.0, 1, step, out), out) == int(np.argmax(logits)), f"seed {seed}"
-    assert device_pick(ka.sample(d, V, 0.8, 1, 1.0, 1, step, out), out) == int(np.argmax(logits)), f"seed {seed}"
+    assert device_pick(ks.sample(d, V, 0.0, 0, 1.0, 1, step, out), out) == int(np.argmax(logits)), f"seed {seed}"
+    assert device_pick(ks.sample(d, V, 0.8, 1, 1.0, 1, step, out), out) == int(np.argmax(logits)), f"seed {seed}"
     assert int(step.to_host()[0]) == 7
 
 
@@ -261,7 +263,7 @@ def test_sample_matches_host(V, temperature, top_k, top_p, shape, seed) -> None:
         params = SamplingParams.make(temperature, top_k, top_p, seed=int(rng.integers(2**63)))
         s = int(rng.integers(0, 100000))
         step.copy_from_host(np.array([s], np.int32))
-        got = device_pick(ka.sample(d, V, temperature, top_k, top_p, params.seed, step, out), out)
+        got = device_pick(ks.sample(d, V, temperature, top_k, top_p, params.seed, step, out), out)
         assert 0 <= got < V and int(step.to_host()[0]) == s + 1, f"draw {i} seed {seed}"
         same += got == sample(logits, params, s)
     assert same >= 0.99 * draws, f"{same}/{draws} picks agree with engine.sampling.sample; seed {seed}"
@@ -269,6 +271,6 @@ def test_sample_matches_host(V, temperature, top_k, top_p, shape, seed) -> None:
 
 def test_advance() -> None:
     pos = dev(np.array([41]), np.int32)
-    run(ka.advance(pos, 1))
-    run(ka.advance(pos, 7))
+    run(ks.advance(pos, 1))
+    run(ks.advance(pos, 7))
     assert int(pos.to_host()[0]) == 49

@@ -17,8 +17,8 @@ import os
 import numpy as np
 import pytest
 
-from engine.cuda import driver, k_gemm
-from engine.cuda.driver import DeviceArray
+from engine.cuda import driver, k_gemm, memory
+from engine.cuda.memory import DeviceArray
 from engine.errors import CudaError
 from engine.quants import SUPPORTED_TYPES, GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
@@ -70,7 +70,7 @@ class Output:
 
 def run(launch: driver.Launch) -> None:
     launch()
-    driver.synchronize(0)
+    memory.synchronize(0)
 
 
 def activations(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:

@@ -74,7 +74,7 @@ def test_llama_cuda_matches_cpu(tmp_path, type_name):
     gf = read(path)
     cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
     cpu = CpuRunner(models.family("llama").CpuModel(cfg, gf), 256)
-    cuda, _ = load_runner(cfg, gf, "dense", 256, driver.ContextStarter(0))
+    cuda, _ = load_runner(cfg, gf, 256, driver.ContextStarter(0))
     ids = np.random.default_rng(seed).integers(0, VOCAB, size=60).tolist()
     for prefill in (60, 7, 1):  # GEMM chunk, matvec passes, decode steps
         want = synthetic.logits(cpu, ids, prefill)

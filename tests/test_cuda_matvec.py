@@ -12,8 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from engine.cuda import driver, k_matvec
-from engine.cuda.driver import DeviceArray, DeviceWeight
+from engine.cuda import driver, k_embed, k_matvec, memory
+from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.errors import CudaError
 from engine.quants import SUPPORTED_TYPES, GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
@@ -40,7 +40,7 @@ def poisoned(shape: tuple[int, ...]) -> DeviceArray:
 
 def run(launch: driver.Launch) -> None:
     launch()
-    driver.synchronize(0)
+    memory.synchronize(0)
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -183,7 +183,7 @@ def test_embed(ggml_type: GGMLType, cols: int, seed: int) -> None:
     ids = rng.integers(0, n_vocab, size=n).astype(np.int32)
     ids[[2, 5, 9]] = [n_vocab - 1, 0, ids[0]]  # the last and first rows, a repeat
     out = poisoned((n + 1, cols))
-    run(k_matvec.embed(w.dev, DeviceArray.from_host(ids), n, out))
+    run(k_embed.embed(w.dev, DeviceArray.from_host(ids), n, out))
     got = out.to_host()
     context = f"{ggml_type.name} K={cols} ids={ids.tolist()} seed={seed}"
     # load8 is exact in float32, as is the NumPy decoder: the rows must match bit for bit (up to the sign of 0).

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from engine import jobs
+from engine.worker import jobs
 from tests.worker_support import ROOT, TINY
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from engine import serverless
-from engine import worker as worker_mod
 from engine.errors import CudaError
-from engine.worker import Worker
+from engine.worker import serverless
+from engine.worker import service as worker_mod
+from engine.worker.service import Worker
 from tests.worker_support import TINY, handler_module, run_job, typed_error
 
 PROMPT = "The capital of France is"
@@ -186,7 +186,7 @@ def test_handler_module_reports_its_boot_phases(hm):
     assert boot["runpod_import_overlapped"] is True
     assert boot["runpod_import_ms"] > 0 and boot["runpod_import_wait_ms"] >= 0 and boot["preload_ms"] > 0
     assert boot["process_start_to_worker_ready_ms"] > 0
-    assert "engine.jobs" in sys.modules  # preloaded before the first job, off the serial path
+    assert "engine.worker.jobs" in sys.modules  # preloaded before the first job, off the serial path
 
 
 @pytest.mark.parametrize("background", [True, False])

@@ -1,11 +1,11 @@
-"""Job input validation (engine/jobs.py): kinds, strictness, limits, OpenAI compatibility fields."""
+"""Job input validation (engine/worker/jobs.py): kinds, strictness, limits, OpenAI compatibility fields."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import jobs
 from engine.errors import EngineError, InvalidInput
+from engine.worker import jobs
 
 LIMITS = jobs.Limits(max_new_tokens=100, max_candidates=3, max_prompt_chars=50)
 CHAT = "/v1/chat/completions"

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from engine import gguf
 from engine.errors import TokenizerError
-from engine.tokenizer import Tokenizer
-from engine.vocab_rules import _DEEPSEEK_LLM
+from engine.text.tokenizer import Tokenizer
+from engine.text.vocab_rules import _DEEPSEEK_LLM
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 TOK_FIXTURES = os.path.join(FIXTURES, "tokenizer")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 
-from engine.errors import EngineError, UnsupportedArchitecture, env_int
+from engine import archs
+from engine.errors import EngineError, InvalidInput, UnsupportedArchitecture, env_int
 from engine.timing import Stopwatch
 
 DEFAULT_MAX_BATCH = 512  # tokens per prefill launch; longer prompts run in chunks
@@ -14,18 +14,30 @@ DEFAULT_MAX_BATCH = 512  # tokens per prefill launch; longer prompts run in chun
 _prestarted = None  # a driver.ContextStarter started before the heavy imports
 
 
-def kernels_built() -> bool:
-    from engine.cuda.driver import KERNEL_DIR
+def backend_choice(requested: str | None = None) -> str:
+    """ "auto" | "cpu" | "cuda": the argument, else REFLEX_BACKEND, else auto. The one parser of the choice."""
+    choice = (requested or os.environ.get("REFLEX_BACKEND") or "auto").lower()
+    if choice not in ("auto", "cpu", "cuda"):
+        raise InvalidInput(f"backend must be auto, cpu or cuda, got {choice!r} (REFLEX_BACKEND or --backend)")
+    return choice
 
-    return os.path.exists(os.path.join(KERNEL_DIR, "manifest.json"))
+
+def kernels_built() -> bool:
+    from engine.cuda.driver import kernels_built
+
+    return kernels_built()
 
 
 def prestart(backend: str | None = None) -> None:
     """Start creating the CUDA context on a thread now, first thing in the process, so that it is ready by the time
-    the imports, the model open and the tokenizer are done (DESIGN.md §2). A no-op when the CPU backend is asked
-    for, when no kernels are built or when there is no driver; `Engine.load` picks the started context up."""
+    the imports, the model open and the tokenizer are done (docs/design.md, the cold path). A no-op when the CPU
+    backend is asked for, when no kernels are built or when there is no driver; `Engine.load` picks the started
+    context up."""
     global _prestarted
-    choice = (backend or os.environ.get("REFLEX_BACKEND") or "auto").lower()
+    try:
+        choice = backend_choice(backend)
+    except InvalidInput:  # reported properly by Engine.load
+        return
     if _prestarted is not None or choice == "cpu" or not kernels_built():
         return
     from engine.cuda import driver
@@ -45,21 +57,22 @@ def take_prestarted():
     return started
 
 
-def load_runner(config, gf, family_name: str, max_seq: int, context) -> tuple[object, dict]:
-    """Wait for the context (a driver.ContextStarter), upload the weights, build the family's CudaModel.
+def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
+    """Wait for the context (a driver.ContextStarter), upload the weights, build the architecture's CudaModel.
 
     Returns the runner and the phases measured here (cuda_init_ms, upload statistics, kv cache size)."""
-    from engine.cuda import driver
+    row = archs.get(config.arch)
+    if row.cuda_module is None:
+        raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")
+    from engine.cuda import memory
     from engine.cuda.runner import CudaRunner
     from engine.cuda.upload import DeviceWeights
 
-    if importlib.util.find_spec(f"engine.models.{family_name}_cuda") is None:
-        raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")
     with Stopwatch() as wait_sw:
         context_ms = context.wait()
-    stream = driver.stream_create()
+    stream = memory.stream_create()
     weights = DeviceWeights(gf, stream)
-    family = importlib.import_module(f"engine.models.{family_name}_cuda")
+    family = importlib.import_module(f"engine.models.{row.cuda_module}")
     max_batch = env_int("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH, minimum=1)
     with Stopwatch() as build_sw:
         model = family.CudaModel(config, weights, max_seq, max_batch)

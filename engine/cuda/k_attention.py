@@ -1,4 +1,5 @@
-"""Launch wrappers for kernels/norm_rope.cu, kernels/attention.cu and kernels/sample.cu (contract: kernels/README.md).
+"""Launch wrappers for kernels/attention.cu: split-key decode attention, its combine, causal prefill attention
+(contract: kernels/README.md).
 
 Each function checks its buffers and returns a `driver.Launch` (it does not launch). Buffers may be larger than
 needed; float buffers the kernels read as float4 (q, the KV cache) must be 16-byte aligned, with hd and vd multiples
@@ -8,11 +9,11 @@ of 4. Positions are in device memory (`pos`, one int32), so a launch built once 
 from __future__ import annotations
 
 from engine.cuda import driver
-from engine.cuda.driver import DeviceArray, Launch, f32, i32, need, ptr, u64
+from engine.cuda.driver import Launch, f32, i32, ptr
+from engine.cuda.memory import DeviceArray, need
 from engine.errors import CudaError
 
 MAX_HEAD_DIM = 256  # hd and vd; rope_dim / 2 <= 128 cos/sin pairs in shared memory
-MAX_VOCAB = 1 << 18  # the sampler's fixed-point mass: p * 2^45 summed over V <= 2^18 tokens stays below 2^63
 _SMEM_OPTIN = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _smem_set: dict[int, int] = {}
 
@@ -28,50 +29,6 @@ def _cache(k_cache: DeviceArray, v_cache: DeviceArray, rows: int, KVH: int, hd: 
     # (max_seq, KVH, hd) and (max_seq, KVH, vd) f32 of one layer; `rows` positions at least
     need(k_cache, "k_cache", "f4", rows * KVH * hd, aligned=True)
     need(v_cache, "v_cache", "f4", rows * KVH * vd, aligned=True)
-
-
-def rmsnorm_rows(x: DeviceArray, w: DeviceArray, eps: float, y: DeviceArray, n: int) -> Launch:
-    """y[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w for i < n. x, y (n, K) f32 (y may be x); w (K,) f32."""
-    K = w.size
-    need(w, "w", "f4", K)
-    need(x, "x", "f4", n * K)
-    need(y, "y", "f4", n * K)
-    fn = driver.module("norm_rope").fn("rmsnorm_rows")
-    return Launch(fn, (n,), (256,), [ptr(x), ptr(w), f32(eps), ptr(y), i32(n), i32(K)])
-
-
-def qk_rope_kv(
-    q: DeviceArray,  # (n, H*hd) f32, QK-normed and rotated in place
-    k: DeviceArray,  # (n, KVH*hd) f32
-    v: DeviceArray,  # (n, KVH*vd) f32
-    n: int, H: int, KVH: int, hd: int, vd: int,
-    q_norm: DeviceArray | None,  # (hd,) f32 or None
-    k_norm: DeviceArray | None,  # (hd,) f32 or None
-    eps: float,
-    rope_dim: int, theta: float, freq_scale: float,
-    freq_factors: DeviceArray | None,  # (rope_dim/2,) f32 or None
-    rope_neox: bool,
-    pos: DeviceArray,  # (1,) i32: position of token 0
-    k_cache: DeviceArray,  # (max_seq, KVH, hd) f32, this layer's
-    v_cache: DeviceArray,  # (max_seq, KVH, vd) f32
-) -> Launch:  # fmt: skip
-    _heads(H, KVH, hd, vd)
-    if not (0 < rope_dim <= hd and rope_dim % 2 == 0):
-        raise CudaError(f"qk_rope_kv: rope_dim {rope_dim} must be even and within head_dim {hd}")
-    need(q, "q", "f4", n * H * hd)
-    need(k, "k", "f4", n * KVH * hd)
-    need(v, "v", "f4", n * KVH * vd)
-    optional = ((q_norm, "q_norm", hd), (k_norm, "k_norm", hd), (freq_factors, "freq_factors", rope_dim // 2))
-    for a, name, size in optional:
-        if a is not None:
-            need(a, name, "f4", size)
-    need(pos, "pos", "i4", 1)
-    _cache(k_cache, v_cache, n, KVH, hd, vd)
-    fn = driver.module("norm_rope").fn("qk_rope_kv")
-    args = [ptr(q), ptr(k), ptr(v), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), ptr(q_norm), ptr(k_norm), f32(eps),
-            i32(rope_dim), f32(theta), f32(freq_scale), ptr(freq_factors), i32(1 if rope_neox else 0), ptr(pos),
-            ptr(k_cache), ptr(v_cache)]  # fmt: skip
-    return Launch(fn, (n,), (256,), args)
 
 
 def attn_decode(
@@ -131,36 +88,3 @@ def attn_prefill(
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             ptr(out)]  # fmt: skip
     return Launch(fn, ((n + 31) // 32, H), (128,), args, smem=smem)
-
-
-def _vocab(logits: DeviceArray, V: int, out: DeviceArray) -> None:
-    if not 1 <= V <= MAX_VOCAB:
-        raise CudaError(f"sampler: vocabulary of {V} outside 1..{MAX_VOCAB}")
-    need(logits, "logits", "f4", V)
-    need(out, "out", "i4", 1)
-
-
-def argmax(logits: DeviceArray, V: int, out: DeviceArray) -> Launch:
-    """out[0] = the lowest index among the maxima of logits[:V] (f32); out (1,) i32. Kernel argmax_f32."""
-    _vocab(logits, V, out)
-    return Launch(driver.module("sample").fn("argmax_f32"), (1,), (1024,), [ptr(logits), i32(V), ptr(out)])
-
-
-def sample(logits: DeviceArray, V: int, temperature: float, top_k: int, top_p: float, seed: int, step: DeviceArray,
-           out: DeviceArray) -> Launch:  # fmt: skip
-    """engine.sampling.sample(logits[:V], params, *step) into out (1,) i32, then *step += 1 (step (1,) i32).
-    Kernel sample_f32; temperature 0 or top_k 1 is greedy."""
-    _vocab(logits, V, out)
-    need(step, "step", "i4", 1)
-    if not (temperature >= 0.0 and top_k >= 0 and 0.0 < top_p <= 1.0 and 0 <= seed < 1 << 64):
-        raise CudaError(f"sampler: bad parameters T={temperature} top_k={top_k} top_p={top_p} seed={seed}")
-    fn = driver.module("sample").fn("sample_f32")
-    top_k = min(top_k, V)  # top_k >= V keeps everything, like 0
-    args = [ptr(logits), i32(V), f32(temperature), i32(top_k), f32(top_p), u64(seed), ptr(step), ptr(out)]
-    return Launch(fn, (1,), (1024,), args)
-
-
-def advance(pos: DeviceArray, n: int) -> Launch:
-    """*pos += n (pos (1,) i32): moves a captured decode graph to the next position."""
-    need(pos, "pos", "i4", 1)
-    return Launch(driver.module("sample").fn("advance"), (1,), (1,), [ptr(pos), i32(n)])

@@ -9,7 +9,8 @@ blocks read A while a block writes C, so A must not overlap C; resid is either C
 from __future__ import annotations
 
 from engine.cuda import driver
-from engine.cuda.driver import DeviceArray, DeviceWeight, Launch, i32, i64, need, need_aligned_weight, ptr
+from engine.cuda.driver import Launch, i32, i64, ptr
+from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
 from engine.quants import BLOCK_SIZES, GGMLType, row_bytes
 

@@ -1,14 +1,16 @@
-"""Launch wrappers for kernels/matvec.cu (decode matvecs, gathered row dots) and kernels/embed.cu (embedding rows).
+"""Launch wrappers for kernels/matvec.cu: decode and small-batch matvecs (fused RMSNorm, residual, SwiGLU) and gathered
+row dots (the LM head for system1).
 
 Each function checks its buffers and returns a `driver.Launch` (it does not launch). Names, argument order, grid and
-block follow kernels/README.md. Buffers may be larger than needed. Float buffers read as float4 (x, norm_w, the
-embedding output) and weights must be 16-byte aligned (cudaMalloc'd arrays and GGUF tensor offsets are).
+block follow kernels/README.md. Buffers may be larger than needed. Float buffers read as float4 (x, norm_w) and
+weights must be 16-byte aligned (cudaMalloc'd arrays and GGUF tensor offsets are).
 """
 
 from __future__ import annotations
 
 from engine.cuda import driver
-from engine.cuda.driver import DeviceArray, DeviceWeight, Launch, f32, i32, i64, need, need_aligned_weight, ptr
+from engine.cuda.driver import Launch, f32, i32, i64, ptr
+from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
 
 ROWS_PER_BLOCK = 8  # matvec: 8 warps, 8 output rows per block; gather_dot: one output per warp
@@ -94,19 +96,3 @@ def gather_dot(
     fn = driver.module("matvec").fn(f"gather_dot_{w.tag}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.cols), ptr(x), i64(x_stride), ptr(rows), i32(n), ptr(out)]
     return Launch(fn, (_blocks(n, ROWS_PER_BLOCK),), (THREADS,), args)
-
-
-def embed(
-    w: DeviceWeight,  # (n_vocab, K) GGUF blocks: token_embd
-    ids: DeviceArray,  # (n,) i4 token ids, each in [0, n_vocab) (not checked: device memory)
-    n: int,  # tokens
-    out: DeviceArray,  # (n, K) f4
-) -> Launch:
-    if n < 1:
-        raise CudaError(f"embed: n={n} must be >= 1")
-    need_aligned_weight(w)
-    need(ids, "ids", "i4", n)
-    need(out, "out", "f4", n * w.cols, aligned=True)
-    fn = driver.module("embed").fn(f"embed_{w.tag}")
-    args = [ptr(w.ptr), i64(w.row_bytes), i32(w.cols), ptr(ids), i32(n), ptr(out)]
-    return Launch(fn, (n,), (THREADS,), args)

@@ -16,9 +16,9 @@ import os
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from engine.cuda import driver
-from engine.cuda import k_attention as ka
-from engine.cuda.driver import DeviceArray
+from engine.cuda import driver, memory
+from engine.cuda import k_sample as ks
+from engine.cuda.memory import DeviceArray
 from engine.errors import ContextOverflow
 from engine.sampling import SamplingParams
 
@@ -37,12 +37,12 @@ class CudaRunner:
         self.device = device
         self.position = 0
         self.use_graphs = os.environ.get("REFLEX_CUDA_GRAPHS", "1") != "0"
-        self._graphs: OrderedDict[object, driver.Graph] = OrderedDict()
+        self._graphs: OrderedDict[object, memory.Graph] = OrderedDict()
         self._seen: set[int] = set()
         b = model.max_batch
         # A page-locked host mirror of ctrl ([pos0, step, token out, -, ids...]), owned by this runner: registering
         # a Python buffer instead would leave its pages registered after the runner is gone, for the next one to trip.
-        self._ctrl_pinned = driver.host_alloc(4 * (4 + b))
+        self._ctrl_pinned = memory.host_alloc(4 * (4 + b))
         self._ctrl_host = (ctypes.c_int32 * (4 + b)).from_address(self._ctrl_pinned)
         self.vocab_ids = DeviceArray.empty((b,), "i4")  # (b,) i32 gathered LM-head rows
         self.gathered = DeviceArray.empty((b,), "f4")  # (b,) f32 gathered logits
@@ -52,8 +52,8 @@ class CudaRunner:
         pinned = getattr(self, "_ctrl_pinned", 0)
         if pinned:
             with contextlib.suppress(Exception):  # at interpreter exit the context may already be gone
-                driver.synchronize(self.stream)
-                driver.host_free(pinned)
+                memory.synchronize(self.stream)
+                memory.host_free(pinned)
                 for graph in self._graphs.values():
                     graph.destroy()
             self._ctrl_pinned = 0
@@ -72,12 +72,12 @@ class CudaRunner:
     # -- launching -----------------------------------------------------------------------------------------
 
     def _upload_ctrl(self, ids: Sequence[int], step: int = 0) -> None:
-        driver.synchronize(self.stream)  # the staging buffer may still be the source of the previous copy
+        memory.synchronize(self.stream)  # the staging buffer may still be the source of the previous copy
         h = self._ctrl_host
         h[0], h[1] = self.position, step
         for j, t in enumerate(ids):
             h[4 + j] = t
-        driver.memcpy_async(self.model.ctrl.ptr, ctypes.addressof(h), 4 * (4 + len(ids)), driver.H2D, self.stream)
+        memory.memcpy_async(self.model.ctrl.ptr, ctypes.addressof(h), 4 * (4 + len(ids)), memory.H2D, self.stream)
 
     def _run(self, key: object, build, capture: bool) -> None:
         graph = self._graphs.get(key)
@@ -90,7 +90,7 @@ class CudaRunner:
             for launch in launches:
                 launch(self.stream)
             return
-        graph = driver.Graph(self.stream)
+        graph = memory.Graph(self.stream)
         with graph:
             for launch in launches:
                 launch(self.stream)
@@ -111,15 +111,15 @@ class CudaRunner:
         import numpy as np
 
         out = np.empty(count, dtype=np.float32)
-        driver.memcpy_async(out.ctypes.data, src.ptr, 4 * count, driver.D2H, self.stream)
-        driver.synchronize(self.stream)
+        memory.memcpy_async(out.ctypes.data, src.ptr, 4 * count, memory.D2H, self.stream)
+        memory.synchronize(self.stream)
         return out
 
     def _read_small(self, src: DeviceArray, count: int) -> array.array:
         """A few floats (gathered logits) as array('f'): system1's cold path never needs NumPy."""
         out = array.array("f", bytes(4 * count))
-        driver.memcpy_async(out.buffer_info()[0], src.ptr, 4 * count, driver.D2H, self.stream)
-        driver.synchronize(self.stream)
+        memory.memcpy_async(out.buffer_info()[0], src.ptr, 4 * count, memory.D2H, self.stream)
+        memory.synchronize(self.stream)
         return out
 
     # -- the runner API ------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ class CudaRunner:
             if out == "all":
                 rows_out.append(self._rows(len(chunk), None if gather is None else gather[at : at + b]))
         if out == "none":
-            driver.synchronize(self.stream)
+            memory.synchronize(self.stream)
             return None
         if out == "all":
             import numpy as np  # only the every-row form needs it: the cold path (system1, generate) does not
@@ -167,10 +167,10 @@ class CudaRunner:
     def _gather(self, first: int, rows: int, vocab: list[int], per_row: bool):
         n_out = len(vocab)
         h = self._ctrl_host  # staging for the ids: ctrl's id slots are free once the chunk has run
-        driver.synchronize(self.stream)
+        memory.synchronize(self.stream)
         for j, t in enumerate(vocab):
             h[4 + j] = t
-        driver.memcpy_async(self.vocab_ids.ptr, ctypes.addressof(h) + 16, 4 * n_out, driver.H2D, self.stream)
+        memory.memcpy_async(self.vocab_ids.ptr, ctypes.addressof(h) + 16, 4 * n_out, memory.H2D, self.stream)
         for launch in self.model.head_gather(first, rows, self.vocab_ids, n_out, self.gathered, per_row):
             launch(self.stream)
         return self._read_small(self.gathered, n_out)
@@ -193,15 +193,15 @@ class CudaRunner:
                 launch(self.stream)
         row = self.model.logits.view(0, (self.n_vocab,))
         if params.greedy:
-            ka.argmax(row, self.n_vocab, self.token)(self.stream)
+            ks.argmax(row, self.n_vocab, self.token)(self.stream)
         else:
-            ka.sample(row, self.n_vocab, params.temperature, params.top_k, params.top_p, params.seed,
+            ks.sample(row, self.n_vocab, params.temperature, params.top_k, params.top_p, params.seed,
                       self.model.step, self.token)(self.stream)  # fmt: skip
-        driver.memcpy_async(ctypes.addressof(self._ctrl_host) + 8, self.token.ptr, 4, driver.D2H, self.stream)
-        driver.synchronize(self.stream)
+        memory.memcpy_async(ctypes.addressof(self._ctrl_host) + 8, self.token.ptr, 4, memory.D2H, self.stream)
+        memory.synchronize(self.stream)
         return int(self._ctrl_host[2])
 
     def _set_step(self, step: int) -> None:
-        driver.synchronize(self.stream)
+        memory.synchronize(self.stream)
         self._ctrl_host[1] = step
-        driver.memcpy_async(self.model.step.ptr, ctypes.addressof(self._ctrl_host) + 4, 4, driver.H2D, self.stream)
+        memory.memcpy_async(self.model.step.ptr, ctypes.addressof(self._ctrl_host) + 4, 4, memory.H2D, self.stream)

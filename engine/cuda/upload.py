@@ -13,7 +13,8 @@ import ctypes
 import logging
 import os
 
-from engine.cuda import driver
+from engine.cuda import memory
+from engine.errors import CudaError
 from engine.gguf import GGUFFile, TensorInfo
 from engine.quants import BLOCK_SIZES
 from engine.timing import Stopwatch
@@ -31,7 +32,7 @@ class DeviceWeights:
         self.gf = gf
         start = gf.data_offset
         self.n_bytes = max(0, gf.size - start)
-        self.base = driver.malloc(self.n_bytes)
+        self.base = memory.malloc(self.n_bytes)
         self.stats: dict[str, float | bool] = {}
         with Stopwatch() as sw:
             self._copy(start, stream)
@@ -48,41 +49,45 @@ class DeviceWeights:
         finally:
             os.close(fd)
         if addr in (None, _MAP_FAILED):
-            raise driver.CudaError(f"mmap of {self.gf.path} failed (errno {ctypes.get_errno()})")
+            raise CudaError(f"mmap of {self.gf.path} failed (errno {ctypes.get_errno()})")
         try:
             with Stopwatch() as reg:
                 try:
-                    driver.host_register(addr, self.gf.size)
+                    memory.host_register(addr, self.gf.size)
                     registered = True
-                except driver.CudaError as e:
+                except CudaError as e:
                     log.info("copying from pageable memory: %s", e)
                     registered = False
             self.stats.update(host_register_ms=reg.ms, registered=registered)
-            driver.memcpy_async(self.base, addr + start, self.n_bytes, driver.H2D, stream)
-            driver.synchronize(stream)
+            memory.memcpy_async(self.base, addr + start, self.n_bytes, memory.H2D, stream)
+            memory.synchronize(stream)
             if registered:
-                driver.host_unregister(addr)
+                memory.host_unregister(addr)
         finally:
             libc.munmap(addr, self.gf.size)
 
     def ptr(self, info: TensorInfo) -> int:
         return self.base + (info.offset - self.gf.data_offset)
 
-    def matrix(self, info: TensorInfo) -> driver.DeviceWeight:
+    def matrix(self, info: TensorInfo) -> memory.DeviceWeight:
         """A 2-D weight (GGUF ne [K, R]) as the kernels see it."""
         cols, rows = info.ne[0], info.ne[1] if len(info.ne) > 1 else 1
         block, size = BLOCK_SIZES[info.ggml_type]
-        return driver.DeviceWeight(self.ptr(info), info.ggml_type, rows, cols, cols // block * size, info.name)
+        return memory.DeviceWeight(self.ptr(info), info.ggml_type, rows, cols, cols // block * size, info.name)
 
-    def vector(self, info: TensorInfo) -> driver.DeviceArray:
+    def vector(self, info: TensorInfo) -> memory.DeviceArray:
         """A float32 vector (norm weights) as a view into the allocation."""
         if info.ggml_type != 0:
-            raise driver.CudaError(f"{info.name}: expected an F32 vector, found type {info.ggml_type.name}")
-        return driver.DeviceArray(self.ptr(info), (info.n_elements,), "f4", owner=False)
+            raise CudaError(f"{info.name}: expected an F32 vector, found type {info.ggml_type.name}")
+        return memory.DeviceArray(self.ptr(info), (info.n_elements,), "f4", owner=False)
+
+    def tensor(self, info: TensorInfo) -> memory.DeviceWeight | memory.DeviceArray:
+        """A 1-D tensor as an F32 vector, anything else as a matrix."""
+        return self.vector(info) if len(info.ne) == 1 else self.matrix(info)
 
     def free(self) -> None:
         if self.base:
-            driver.free(self.base)
+            memory.free(self.base)
             self.base = 0
 
     def __del__(self) -> None:

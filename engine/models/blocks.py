@@ -12,7 +12,7 @@ from engine.cpu import ops
 from engine.cpu.dequant import dequantize
 from engine.gguf import GGUFFile, TensorInfo
 from engine.models import moe
-from engine.weights import TensorSpec, resolve
+from engine.weights import TensorSpec, group_by_layer, resolve
 
 
 def f32(info: TensorInfo) -> np.ndarray:
@@ -20,18 +20,10 @@ def f32(info: TensorInfo) -> np.ndarray:
 
 
 def load(gf: GGUFFile, specs: list[TensorSpec], n_layers: int) -> tuple[dict[str, np.ndarray], list[dict]]:
-    """Resolve and dequantize every spec once. Returns the model-level tensors keyed by name without ".weight"
-    ("token_embd", "output_norm", ...) and per layer a dict keyed by the name within the block ("attn_q",
-    "ffn_down_exps", "ssm_a", "ssm_dt", ...). NumPy shapes are the reversed GGUF ne: matrices are (out, in)."""
-    top: dict[str, np.ndarray] = {}
-    layers: list[dict[str, np.ndarray]] = [{} for _ in range(n_layers)]
-    for name, info in resolve(gf, specs).items():
-        if name.startswith("blk."):
-            _, i, short = name.split(".")[:3]
-            layers[int(i)][short] = f32(info)
-        else:
-            top[name.removesuffix(".weight")] = f32(info)
-    return top, layers
+    """Resolve and dequantize every spec once, grouped by `group_by_layer` (model-level tensors by name without
+    ".weight", per layer by the name within the block). NumPy shapes are the reversed GGUF ne: matrices are
+    (out, in)."""
+    return group_by_layer({name: f32(info) for name, info in resolve(gf, specs).items()}, n_layers)
 
 
 class Head:

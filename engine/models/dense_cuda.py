@@ -14,14 +14,17 @@ import math
 
 from engine.config import ModelConfig
 from engine.cuda import k_attention as ka
+from engine.cuda import k_elementwise as kel
+from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
-from engine.cuda import k_misc as kx
-from engine.cuda.driver import DeviceArray, Launch
+from engine.cuda import k_norm_rope as knr
+from engine.cuda.driver import Launch
+from engine.cuda.memory import DeviceArray
 from engine.cuda.upload import DeviceWeights
 from engine.errors import UnsupportedArchitecture
 from engine.models import specs
-from engine.weights import resolve
+from engine.weights import group_by_layer, resolve
 
 SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of them)
 MATVEC_MAX = 48  # up to this many tokens, matvec launches of 8 beat the GEMM, whose few 64-token tiles leave most
@@ -52,20 +55,13 @@ class CudaModel:
         self.weights = weights  # owns the device allocation every weight handle below points into
         self.max_seq = max_seq
         self.max_batch = max_batch
-        infos = resolve(weights.gf, specs.dense(cfg))
-        self.token_embd = weights.matrix(infos["token_embd.weight"])  # (n_vocab rows, dim)
-        self.output = self.token_embd if cfg.tied_output else weights.matrix(infos["output.weight"])
-        self.output_norm = weights.vector(infos["output_norm.weight"])  # (dim,) f32
-        freqs = infos.get("rope_freqs.weight")
-        self.rope_freqs = weights.vector(freqs) if freqs is not None else None  # (rope_dim/2,) f32
-        self.layers = []
-        for i in range(cfg.n_layers):
-            layer = {}
-            for name, info in infos.items():
-                if name.startswith(f"blk.{i}."):
-                    key = name.split(".")[2]
-                    layer[key] = weights.vector(info) if len(info.ne) == 1 else weights.matrix(info)
-            self.layers.append(layer)
+        top, self.layers = group_by_layer(
+            {name: weights.tensor(info) for name, info in resolve(weights.gf, specs.dense(cfg)).items()}, cfg.n_layers
+        )
+        self.token_embd = top["token_embd"]  # (n_vocab rows, dim)
+        self.output = self.token_embd if cfg.tied_output else top["output"]
+        self.output_norm = top["output_norm"]  # (dim,) f32
+        self.rope_freqs = top.get("rope_freqs")  # (rope_dim/2,) f32 or None
         self._allocate()
 
     def _allocate(self) -> None:
@@ -100,12 +96,12 @@ class CudaModel:
     def forward(self, n: int) -> list[Launch]:
         """Launches that embed ids[:n] at positions pos0.. and run every layer; the result is x[:n] (unnormed)."""
         c = self.cfg
-        out = [km.embed(self.token_embd, self.ids, n, self.x)]
+        out = [ke.embed(self.token_embd, self.ids, n, self.x)]
         for i, L in enumerate(self.layers):
             out += self._qkv(L, n)
             kc = self.k_cache.view(i * self.max_seq * c.n_kv_heads * c.head_dim, self.k_cache.shape[1:])
             vc = self.v_cache.view(i * self.max_seq * c.n_kv_heads * c.value_dim, self.v_cache.shape[1:])
-            out.append(ka.qk_rope_kv(self.q, self.k, self.v, n, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
+            out.append(knr.qk_rope_kv(self.q, self.k, self.v, n, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
                                      L.get("attn_q_norm"), L.get("attn_k_norm"), c.norm_eps, c.rope_dim,
                                      c.rope_theta, self._freq_scale(), self.rope_freqs, c.rope_type == "neox",
                                      self.pos, kc, vc))  # fmt: skip
@@ -140,7 +136,7 @@ class CudaModel:
             src, norm, out = self.x, L["attn_norm"], []
         else:
             src, norm = self.xb, None
-            out = [ka.rmsnorm_rows(self.x, L["attn_norm"], self.cfg.norm_eps, self.xb, n)]
+            out = [knr.rmsnorm_rows(self.x, L["attn_norm"], self.cfg.norm_eps, self.xb, n)]
         for name, dst in (("attn_q", self.q), ("attn_k", self.k), ("attn_v", self.v)):
             out += self._matmul(L[name], src, n, dst, norm_w=norm)
         return out
@@ -148,12 +144,12 @@ class CudaModel:
     def _ffn(self, L: dict, n: int) -> list[Launch]:
         gate, up, eps = L["ffn_gate"], L["ffn_up"], self.cfg.norm_eps
         small = n <= MATVEC_MAX
-        out = [] if small else [ka.rmsnorm_rows(self.x, L["ffn_norm"], eps, self.xb, n)]
+        out = [] if small else [knr.rmsnorm_rows(self.x, L["ffn_norm"], eps, self.xb, n)]
         src, norm = (self.x, L["ffn_norm"]) if small else (self.xb, None)
         if gate.ggml_type != up.ggml_type:  # mixed types cannot share one fused launch
             out += self._matmul(gate, src, n, self.hb, norm_w=norm)
             out += self._matmul(up, src, n, self.hb2, norm_w=norm)
-            out.append(kx.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
+            out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
         elif small:
             out += [km.matvec_swiglu(gate, up, _rows(src, at, m), m, _rows(self.hb, at, m), norm_w=norm, eps=eps)
                     for at, m in _passes(n)]  # fmt: skip
@@ -171,7 +167,7 @@ class CudaModel:
         if rows <= SMALL_BATCH:
             return [km.matvec(self.output, src, rows, self.logits, norm_w=self.output_norm, eps=c.norm_eps)]
         normed = self.normed.view(0, (rows, c.dim))
-        return [ka.rmsnorm_rows(src, self.output_norm, c.norm_eps, normed, rows),
+        return [knr.rmsnorm_rows(src, self.output_norm, c.norm_eps, normed, rows),
                 kg.gemm(self.output, normed, rows, self.logits)]  # fmt: skip
 
     def head_gather(self, first: int, rows: int, vocab_ids: DeviceArray, n_out: int, out: DeviceArray,
@@ -180,6 +176,6 @@ class CudaModel:
         `first` (rows must then be 1)."""
         c = self.cfg
         normed = self.normed.view(0, (rows, c.dim))
-        norm = ka.rmsnorm_rows(self.x.view(first * c.dim, (rows, c.dim)), self.output_norm, c.norm_eps, normed, rows)
+        norm = knr.rmsnorm_rows(self.x.view(first * c.dim, (rows, c.dim)), self.output_norm, c.norm_eps, normed, rows)
         stride = c.dim if per_row else 0
         return [norm, km.gather_dot(self.output, normed, stride, vocab_ids, n_out, out)]

@@ -26,51 +26,12 @@ from engine.cpu.kvcache import HybridCache, KVCache
 from engine.errors import GGUFError
 from engine.gguf import GGUFFile
 from engine.models import blocks, specs
-from engine.weights import TensorSpec
-
-
-def _deltanet_specs(cfg: ModelConfig, b: str) -> list[TensorSpec]:
-    g = cfg.gdn
-    assert g is not None
-    d, h_v, value_dim = cfg.dim, g.n_v_heads, g.n_v_heads * g.head_v_dim
-    # qwen3next files fuse beta/alpha (ssm_ba) and, from older converters, q/k/v/z (ssm_in), per k-head group.
-    fused = cfg.arch == "qwen3next"
-    return [
-        TensorSpec(b + "attn_qkv.weight", (d, g.conv_dim), required=not fused),
-        TensorSpec(b + "attn_gate.weight", (d, value_dim), required=not fused),
-        TensorSpec(b + "ssm_in.weight", (d, g.conv_dim + value_dim), required=False),
-        TensorSpec(b + "ssm_beta.weight", (d, h_v), required=not fused),
-        TensorSpec(b + "ssm_alpha.weight", (d, h_v), required=not fused),
-        TensorSpec(b + "ssm_ba.weight", (d, 2 * h_v), required=fused),
-        TensorSpec(b + "ssm_conv1d.weight", (g.conv_kernel, g.conv_dim)),
-        TensorSpec(b + "ssm_dt.bias", (h_v,)),
-        TensorSpec(b + "ssm_a", (h_v,)),
-        TensorSpec(b + "ssm_norm.weight", (g.head_v_dim,)),
-        TensorSpec(b + "ssm_out.weight", (value_dim, d)),
-    ]
-
-
-def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
-    assert cfg.gdn is not None
-    out = specs.head_specs(cfg)
-    for i, recurrent in enumerate(cfg.gdn.recurrent):
-        b = f"blk.{i}."
-        out += [
-            TensorSpec(b + "attn_norm.weight", (cfg.dim,)),
-            TensorSpec(b + "post_attention_norm.weight", (cfg.dim,)),
-        ]
-        if recurrent:
-            out += _deltanet_specs(cfg, b)
-        else:
-            out += specs.attention_specs(cfg, b, qk_norm=True, gated=True)
-        out += specs.ffn_specs(cfg, i)
-    return out
 
 
 class CpuModel(blocks.Head):
     def __init__(self, cfg: ModelConfig, gf: GGUFFile):
         assert cfg.gdn is not None
-        super().__init__(cfg, gf, tensor_specs(cfg))
+        super().__init__(cfg, gf, specs.hybrid(cfg))
         self.gdn = cfg.gdn
         # Each layer's index among the layers of its kind: its slot in the K/V cache or in the recurrent state.
         self.slots = [cfg.gdn.recurrent[:i].count(kind) for i, kind in enumerate(cfg.gdn.recurrent)]

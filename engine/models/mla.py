@@ -21,40 +21,6 @@ from engine.cpu import ops
 from engine.cpu.kvcache import LatentCache
 from engine.gguf import GGUFFile
 from engine.models import blocks, specs
-from engine.weights import TensorSpec
-
-
-def _attention_specs(cfg: ModelConfig, b: str) -> list[TensorSpec]:
-    m = cfg.mla
-    assert m is not None
-    d, h, r, rope = cfg.dim, cfg.n_heads, m.kv_lora_rank, cfg.rope_dim
-    q_rows = h * (m.qk_nope_dim + rope)
-    if m.q_lora_rank:
-        q = [
-            TensorSpec(b + "attn_q_a.weight", (d, m.q_lora_rank)),
-            TensorSpec(b + "attn_q_a_norm.weight", (m.q_lora_rank,)),
-            TensorSpec(b + "attn_q_b.weight", (m.q_lora_rank, q_rows)),
-        ]
-    else:
-        q = [TensorSpec(b + "attn_q.weight", (d, q_rows))]
-    return [
-        *q,
-        TensorSpec(b + "attn_kv_a_mqa.weight", (d, r + rope)),
-        TensorSpec(b + "attn_kv_a_norm.weight", (r,)),
-        TensorSpec(b + "attn_k_b.weight", (m.qk_nope_dim, r, h)),  # per head (R, nope): q_nope -> latent
-        TensorSpec(b + "attn_v_b.weight", (r, m.v_head_dim, h)),  # per head (v, R): latent -> value
-        TensorSpec(b + "attn_output.weight", (h * m.v_head_dim, d)),
-    ]
-
-
-def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
-    out = specs.head_specs(cfg)
-    for i in range(cfg.n_layers):
-        b = f"blk.{i}."
-        out += [TensorSpec(b + "attn_norm.weight", (cfg.dim,)), TensorSpec(b + "ffn_norm.weight", (cfg.dim,))]
-        out += _attention_specs(cfg, b)
-        out += specs.ffn_specs(cfg, i)
-    return out
 
 
 def kq_scale(cfg: ModelConfig) -> float:
@@ -71,7 +37,7 @@ def kq_scale(cfg: ModelConfig) -> float:
 class CpuModel(blocks.Head):
     def __init__(self, cfg: ModelConfig, gf: GGUFFile):
         assert cfg.mla is not None
-        super().__init__(cfg, gf, tensor_specs(cfg))
+        super().__init__(cfg, gf, specs.mla(cfg))
         self.mla = cfg.mla
         self.kq_scale = kq_scale(cfg)
 

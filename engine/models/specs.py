@@ -1,5 +1,6 @@
 """Which tensors each model family needs, by GGUF name and shape: plain data, no NumPy, so the CUDA cold path can
-validate a file without importing the NumPy backend."""
+validate a file without importing the NumPy backend. One function per family (`dense`, `hybrid`, `mla`), built from
+the per-block lists; both backends resolve these and group them with `engine.weights.group_by_layer`."""
 
 from __future__ import annotations
 
@@ -73,3 +74,76 @@ def dense(cfg: ModelConfig) -> list[TensorSpec]:
         specs += attention_specs(cfg, b, qk_norm=cfg.qk_norm)
         specs += ffn_specs(cfg, i)
     return specs
+
+
+def deltanet_specs(cfg: ModelConfig, b: str) -> list[TensorSpec]:
+    g = cfg.gdn
+    assert g is not None
+    d, h_v, value_dim = cfg.dim, g.n_v_heads, g.n_v_heads * g.head_v_dim
+    # qwen3next files fuse beta/alpha (ssm_ba) and, from older converters, q/k/v/z (ssm_in), per k-head group.
+    fused = cfg.arch == "qwen3next"
+    return [
+        TensorSpec(b + "attn_qkv.weight", (d, g.conv_dim), required=not fused),
+        TensorSpec(b + "attn_gate.weight", (d, value_dim), required=not fused),
+        TensorSpec(b + "ssm_in.weight", (d, g.conv_dim + value_dim), required=False),
+        TensorSpec(b + "ssm_beta.weight", (d, h_v), required=not fused),
+        TensorSpec(b + "ssm_alpha.weight", (d, h_v), required=not fused),
+        TensorSpec(b + "ssm_ba.weight", (d, 2 * h_v), required=fused),
+        TensorSpec(b + "ssm_conv1d.weight", (g.conv_kernel, g.conv_dim)),
+        TensorSpec(b + "ssm_dt.bias", (h_v,)),
+        TensorSpec(b + "ssm_a", (h_v,)),
+        TensorSpec(b + "ssm_norm.weight", (g.head_v_dim,)),
+        TensorSpec(b + "ssm_out.weight", (value_dim, d)),
+    ]
+
+
+def hybrid(cfg: ModelConfig) -> list[TensorSpec]:
+    """qwen35 / qwen35moe / qwen3next: Gated DeltaNet or gated attention per layer, dense or MoE FFN."""
+    assert cfg.gdn is not None
+    out = head_specs(cfg)
+    for i, recurrent in enumerate(cfg.gdn.recurrent):
+        b = f"blk.{i}."
+        out += [
+            TensorSpec(b + "attn_norm.weight", (cfg.dim,)),
+            TensorSpec(b + "post_attention_norm.weight", (cfg.dim,)),
+        ]
+        if recurrent:
+            out += deltanet_specs(cfg, b)
+        else:
+            out += attention_specs(cfg, b, qk_norm=True, gated=True)
+        out += ffn_specs(cfg, i)
+    return out
+
+
+def mla_attention_specs(cfg: ModelConfig, b: str) -> list[TensorSpec]:
+    m = cfg.mla
+    assert m is not None
+    d, h, r, rope = cfg.dim, cfg.n_heads, m.kv_lora_rank, cfg.rope_dim
+    q_rows = h * (m.qk_nope_dim + rope)
+    if m.q_lora_rank:
+        q = [
+            TensorSpec(b + "attn_q_a.weight", (d, m.q_lora_rank)),
+            TensorSpec(b + "attn_q_a_norm.weight", (m.q_lora_rank,)),
+            TensorSpec(b + "attn_q_b.weight", (m.q_lora_rank, q_rows)),
+        ]
+    else:
+        q = [TensorSpec(b + "attn_q.weight", (d, q_rows))]
+    return [
+        *q,
+        TensorSpec(b + "attn_kv_a_mqa.weight", (d, r + rope)),
+        TensorSpec(b + "attn_kv_a_norm.weight", (r,)),
+        TensorSpec(b + "attn_k_b.weight", (m.qk_nope_dim, r, h)),  # per head (R, nope): q_nope -> latent
+        TensorSpec(b + "attn_v_b.weight", (r, m.v_head_dim, h)),  # per head (v, R): latent -> value
+        TensorSpec(b + "attn_output.weight", (h * m.v_head_dim, d)),
+    ]
+
+
+def mla(cfg: ModelConfig) -> list[TensorSpec]:
+    """deepseek2: latent attention in every layer, leading dense FFNs, then MoE with shared experts."""
+    out = head_specs(cfg)
+    for i in range(cfg.n_layers):
+        b = f"blk.{i}."
+        out += [TensorSpec(b + "attn_norm.weight", (cfg.dim,)), TensorSpec(b + "ffn_norm.weight", (cfg.dim,))]
+        out += mla_attention_specs(cfg, b)
+        out += ffn_specs(cfg, i)
+    return out

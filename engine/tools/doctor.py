@@ -16,8 +16,8 @@ from engine.timing import Stopwatch
 
 def smoke() -> dict:
     """y = 3x + y on 1024 floats through the prebuilt `axpy_f32`; every element must come back as 5."""
-    from engine.cuda import driver
-    from engine.cuda.k_misc import axpy
+    from engine.cuda import driver, memory
+    from engine.cuda.k_smoke import axpy
 
     n = 1024
     with Stopwatch() as init_sw:
@@ -26,11 +26,11 @@ def smoke() -> dict:
         driver.module("smoke")
     with Stopwatch() as run_sw:
         host_x, host_y = (ctypes.c_float * n)(*([1.0] * n)), (ctypes.c_float * n)(*([2.0] * n))
-        x, y = driver.DeviceArray.empty((n,)), driver.DeviceArray.empty((n,))
-        driver.memcpy(x.ptr, ctypes.addressof(host_x), 4 * n, driver.H2D)
-        driver.memcpy(y.ptr, ctypes.addressof(host_y), 4 * n, driver.H2D)
+        x, y = memory.DeviceArray.empty((n,)), memory.DeviceArray.empty((n,))
+        memory.memcpy(x.ptr, ctypes.addressof(host_x), 4 * n, memory.H2D)
+        memory.memcpy(y.ptr, ctypes.addressof(host_y), 4 * n, memory.H2D)
         axpy(3.0, x, y, n)(0)
-        driver.memcpy(ctypes.addressof(host_y), y.ptr, 4 * n, driver.D2H)
+        memory.memcpy(ctypes.addressof(host_y), y.ptr, 4 * n, memory.D2H)
     bad = sum(1 for v in host_y if v != 5.0)
     if bad:
         raise EngineError(f"smoke: {bad} of {n} results are wrong")

@@ -110,21 +110,21 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from engine.bench import run
+    from engine.tools.bench import run
 
     _print(run(args))
     return 0
 
 
 def cmd_smoke(args) -> int:
-    from engine.doctor import smoke
+    from engine.tools.doctor import smoke
 
     _print(smoke())
     return 0
 
 
 def cmd_doctor(args) -> int:
-    from engine.doctor import doctor
+    from engine.tools.doctor import doctor
 
     report, code = doctor()
     _print(report)

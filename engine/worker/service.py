@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from engine import timing
 from engine.engine import Engine
 from engine.errors import CudaError, EngineError
-from engine.limits import Limits
+from engine.worker.limits import Limits
 
 if TYPE_CHECKING:
-    from engine import jobs
+    from engine.worker import jobs
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class Worker:
             yield error_output(self.load_error)
             return
         try:
-            from engine import jobs, openai_api
+            from engine.worker import jobs, openai_api
 
             job = jobs.parse(job_input, self.limits)
             if isinstance(job, jobs.System1Job):
@@ -141,7 +141,7 @@ class Worker:
         yield self._finish(s.result)
 
     def _openai(self, req: jobs.ChatCompletionRequest | jobs.CompletionRequest) -> Iterator[dict | str]:
-        from engine import jobs, openai_api
+        from engine.worker import jobs, openai_api
 
         if isinstance(req, jobs.ChatCompletionRequest):
             prompt = self.engine.apply_chat_template([m.for_template() for m in req.messages],

@@ -3,7 +3,7 @@
 `parse(raw, limits)` turns a job's `input` into one of: `System1Job`, `GenerateJob`, `ChatCompletionRequest`,
 `CompletionRequest`, `ModelsRequest` — or raises `InvalidInput` naming the offending fields. Every model rejects
 unknown fields and does no type coercion (JSON `"5"` is not 5, `true` is not 1); sizes are bounded by `Limits`
-(engine/limits.py, from the environment). The OpenAI request models accept the OpenAI fields this engine does not
+(engine/worker/limits.py, from the environment). The OpenAI request models accept the OpenAI fields this engine does not
 implement only at their neutral values (`n: 1`, `presence_penalty: 0`, ...), so ordinary client libraries work and
 nothing is silently ignored.
 """
@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from engine.errors import InvalidInput
-from engine.limits import Limits
+from engine.worker.limits import Limits
 
 MAX_MESSAGES = 1024
 MAX_STOPS = 16

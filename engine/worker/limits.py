@@ -1,5 +1,5 @@
 """Per-request size bounds of the worker, from the environment (kept apart from the pydantic schemas in
-engine/jobs.py so that reading them costs no pydantic import on the cold path)."""
+engine/worker/jobs.py so that reading them costs no pydantic import on the cold path)."""
 
 from __future__ import annotations
 

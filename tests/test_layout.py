@@ -1,0 +1,41 @@
+"""The layout's promises, checked: every registry row names modules that exist, every kernel file has its one
+wrapper module, and the kernels instantiate exactly the quant types the Python side calls supported."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+
+from engine import archs
+from engine.quants import KERNEL_TAGS, SUPPORTED_TYPES
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_every_arch_row_names_existing_modules():
+    for arch in archs.ARCHS.values():
+        assert arch.rope in ("neox", "norm"), arch
+        assert arch.moe in (None, "qwen", "deepseek"), arch
+        for module in (arch.numpy_module, arch.cuda_module):
+            if module is not None:
+                assert importlib.util.find_spec(f"engine.models.{module}") is not None, (arch.name, module)
+
+
+def test_one_wrapper_module_per_kernel_file():
+    kernels = {p.stem for p in (ROOT / "kernels").glob("*.cu")}
+    wrappers = {p.stem.removeprefix("k_") for p in (ROOT / "engine" / "cuda").glob("k_*.py")}
+    assert kernels == wrappers
+
+
+def test_kernel_type_tags_match_quant_cuh():
+    text = (ROOT / "kernels" / "quant.cuh").read_text()
+    body = re.search(r"#define Q_FOR_EACH_TYPE\(X\)((?:.*\\\n)*.*\n)", text).group(1)
+    tags = re.findall(r"X\((\w+), q::\w+\)", body)
+    assert sorted(tags) == sorted(KERNEL_TAGS.values())
+    assert frozenset(KERNEL_TAGS) == SUPPORTED_TYPES
+
+
+def test_registry_and_specs_import_no_numpy_for_the_cuda_cold_path():
+    for path in (ROOT / "engine" / "archs.py", ROOT / "engine" / "models" / "specs.py"):
+        assert not re.search(r"^\s*(import numpy|from numpy|from engine\.cpu)", path.read_text(), re.M), path
