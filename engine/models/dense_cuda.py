@@ -19,6 +19,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
+from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, passes, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.memory import DeviceArray
 from engine.cuda.upload import DeviceWeights
@@ -26,16 +27,7 @@ from engine.errors import UnsupportedArchitecture
 from engine.models import specs
 from engine.weights import group_by_layer, resolve
 
-SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of them)
-MATVEC_MAX = 48  # up to this many tokens, matvec launches of 8 beat the GEMM, whose few 64-token tiles leave most
-# of the GPU idle at small n (H200, Qwen3-0.6B shapes: GEMM ~8 ms at n = 16, matvec ~1.3 ms per 8 tokens)
-N_SPLITS = 32  # key splits of the decode attention: 4096 keys -> 128 per block, flat cost with length
 LOGIT_ROWS = 64  # rows of full-vocabulary logits computed per chunk
-
-
-def _passes(n: int) -> list[tuple[int, int]]:
-    """(first token, count) of the matvec passes covering n tokens, 8 at a time."""
-    return [(at, min(SMALL_BATCH, n - at)) for at in range(0, n, SMALL_BATCH)]
 
 
 def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
@@ -124,15 +116,15 @@ class CudaModel:
     def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
                 norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
         """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM."""
-        if n > MATVEC_MAX:
+        if not use_matvec(n):
             assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
             return [kg.gemm(w, x, n, y, resid=resid)]
         eps = self.cfg.norm_eps
         return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
-                          resid=None if resid is None else _rows(resid, at, m)) for at, m in _passes(n)]  # fmt: skip
+                          resid=None if resid is None else _rows(resid, at, m)) for at, m in passes(n)]  # fmt: skip
 
     def _qkv(self, L: dict, n: int) -> list[Launch]:
-        if n <= MATVEC_MAX:  # the attention norm rides along in each matvec
+        if use_matvec(n):  # the attention norm rides along in each matvec
             src, norm, out = self.x, L["attn_norm"], []
         else:
             src, norm = self.xb, None
@@ -143,7 +135,7 @@ class CudaModel:
 
     def _ffn(self, L: dict, n: int) -> list[Launch]:
         gate, up, eps = L["ffn_gate"], L["ffn_up"], self.cfg.norm_eps
-        small = n <= MATVEC_MAX
+        small = use_matvec(n)
         out = [] if small else [knr.rmsnorm_rows(self.x, L["ffn_norm"], eps, self.xb, n)]
         src, norm = (self.x, L["ffn_norm"]) if small else (self.xb, None)
         if gate.ggml_type != up.ggml_type:  # mixed types cannot share one fused launch
@@ -152,7 +144,7 @@ class CudaModel:
             out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
         elif small:
             out += [km.matvec_swiglu(gate, up, _rows(src, at, m), m, _rows(self.hb, at, m), norm_w=norm, eps=eps)
-                    for at, m in _passes(n)]  # fmt: skip
+                    for at, m in passes(n)]  # fmt: skip
         else:
             out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
         out += self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)

@@ -1,0 +1,27 @@
+"""Kernel-choice rules, beside the wrappers they choose between, each with the GPU and shapes it was tuned on.
+
+Model families ask here instead of carrying their own thresholds, so a new GPU or kernel changes one place.
+"""
+
+from __future__ import annotations
+
+SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of them: k_matvec.TOKEN_BUCKETS)
+
+# Up to this many tokens, matvec launches of 8 beat the GEMM, whose few 64-token tiles leave most of the GPU idle
+# at small n. Tuned on one H200 (sm_90, 2026-11-29), Qwen3-0.6B shapes: GEMM ~8 ms at n = 16, matvec ~1.3 ms per
+# 8 tokens.
+MATVEC_MAX = 48
+
+# Key splits of the decode attention: a fixed grid for every length; 4096 keys -> 128 per block keeps decode cost
+# flat in length (H200, head_dim 128, 2026-11-29).
+N_SPLITS = 32
+
+
+def use_matvec(n: int) -> bool:
+    """Whether n tokens go through matvec passes (True) or the tiled GEMM (False)."""
+    return n <= MATVEC_MAX
+
+
+def passes(n: int) -> list[tuple[int, int]]:
+    """(first token, count) of the matvec passes covering n tokens, SMALL_BATCH at a time."""
+    return [(at, min(SMALL_BATCH, n - at)) for at in range(0, n, SMALL_BATCH)]
