@@ -68,7 +68,7 @@ class Engine:
         self.backend = runner.backend
         self.max_seq = runner.max_seq
         self._model_info = model_info
-        self._cold_start: dict | None = cold_start
+        self.cold_start = timing.ColdStart(cold_start)  # phases so far; others (the worker's boot) add theirs
         self._sha256 = sha256
         self._sha_thread: threading.Thread | None = None
         if sha256 is None:  # no prepare cache: hash the file beside the first request instead of before it
@@ -143,12 +143,10 @@ class Engine:
 
     def _finish(self, result: dict, total_key: str, total_at: float) -> dict:
         """Attach model, backend and (on the first result only) the cold-start breakdown."""
-        cold = None
-        if self._cold_start is not None:
-            cold = {**self._cold_start, "prompt_eval_ms": result["timings"]["prompt_eval_ms"],
-                    total_key: (total_at - timing.PROCESS_START) * 1000.0}  # fmt: skip
-            self._cold_start = None
-            cold = timing.rounded(cold)
+        cold = self.cold_start.take(
+            prompt_eval_ms=result["timings"]["prompt_eval_ms"],
+            **{total_key: (total_at - timing.PROCESS_START) * 1000.0},
+        )
         result["timings"] = timing.rounded(result["timings"])
         result.update(cold_start=cold, model=self.model_info, backend=self.backend)
         return result

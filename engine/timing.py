@@ -1,4 +1,4 @@
-"""Clocks for the cold-start breakdown: the OS process start time and a shared record of load phases.
+"""Clocks for the cold-start breakdown: the OS process start time, and `ColdStart`, the one record of its phases.
 
 Phases are measured against CLOCK_BOOTTIME, the clock /proc/self/stat's start time is counted in, so
 `process_start_to_*` includes interpreter start-up and imports, which no Python-side timer could see.
@@ -60,3 +60,18 @@ IMPORTS_DONE: float | None = None  # set by an entry point once its imports are 
 def mark_imports_done() -> None:
     global IMPORTS_DONE
     IMPORTS_DONE = now()
+
+
+class ColdStart(dict):
+    """The cold-start record of one loaded engine: phase name -> ms (or a flag), filled by whoever measures a phase
+    (the engine's load, the CUDA backend, the worker's boot) and handed out once, on the first result, by `take`.
+    This is the only place the phases are merged: docs/design.md lists them."""
+
+    taken = False
+
+    def take(self, **final: float | None) -> dict[str, float | None] | None:
+        """The whole record plus the first result's own phases, rounded; None for every later result."""
+        if self.taken:
+            return None
+        self.taken = True
+        return rounded({**self, **final})

@@ -7,7 +7,8 @@
 - a streamed OpenAI job yields server-sent-event text (`data: {...}\\n\\n`), closing with `data: [DONE]`;
 - any failure yields `{"error", "error_kind"}` as the last output (plus `"refresh_worker": True` after a CUDA fault
   that may have left the context unusable). Nothing raises out of `run` but GeneratorExit.
-The worker's first result carries the engine's cold-start breakdown plus the worker's own phases (`boot`).
+The worker's first result carries the engine's cold-start record (timing.ColdStart), into which the worker's own
+phases (`boot`: SDK import, worker ready, first job) are written.
 The job schemas (pydantic) are imported on first use, or earlier off the cold path (handler.py preloads them).
 """
 
@@ -74,8 +75,9 @@ class Worker:
         # the real file's name: the image links /models/model.gguf to the file it downloaded
         path = os.path.realpath(engine.path) if engine is not None else "model"
         self.served_name = served_name or os.path.basename(path).removesuffix(".gguf")
-        self.boot: dict[str, Any] = {}  # the worker's own cold-start phases, set by the entry point
-        self._first_job_at: float | None = None
+        # The worker's own cold-start phases (set by the entry point) go into the engine's one record.
+        self.boot: dict[str, Any] = engine.cold_start if engine is not None else {}
+        self._first_job_seen = False
 
     @classmethod
     def load(cls, model_path: str | None = None) -> Worker:
@@ -102,8 +104,9 @@ class Worker:
     # -- jobs -------------------------------------------------------------------------------------------------
 
     def run(self, job_input: Any) -> Iterator[dict | str]:
-        if self._first_job_at is None:
-            self._first_job_at = timing.now()
+        if not self._first_job_seen:
+            self._first_job_seen = True
+            self.boot["process_start_to_first_job_ms"] = timing.since_process_start_ms()
         if self.engine is None:
             yield error_output(self.load_error)
             return
@@ -113,7 +116,7 @@ class Worker:
             job = jobs.parse(job_input, self.limits)
             if isinstance(job, jobs.System1Job):
                 result = self.engine.system1(self._prompt(job), job.candidates, temperature=job.temperature)
-                yield self._finish(result)
+                yield result
             elif isinstance(job, jobs.GenerateJob):
                 yield from self._generate(self._prompt(job), job.sampling(self.limits), job.stream)
             elif isinstance(job, jobs.ModelsRequest):
@@ -134,11 +137,11 @@ class Worker:
 
     def _generate(self, prompt: str, sampling: dict, stream: bool) -> Iterator[dict]:
         if not stream:
-            yield self._finish(self.engine.generate(prompt, **sampling))
+            yield self.engine.generate(prompt, **sampling)
             return
         s = self.engine.generate_stream(prompt, **sampling)  # limits and context overflow raise here, before any yield
         yield from batches(s)
-        yield self._finish(s.result)
+        yield s.result
 
     def _openai(self, req: jobs.ChatCompletionRequest | jobs.CompletionRequest) -> Iterator[dict | str]:
         from engine.worker import jobs, openai_api
@@ -151,23 +154,15 @@ class Worker:
         sampling = req.sampling(req.requested_max_tokens or self._room(prompt))
         response = openai_api.Response(req.route, self.served_name)
         if not req.stream:
-            yield response.complete(self._finish(self.engine.generate(prompt, **sampling)))
+            yield response.complete(self.engine.generate(prompt, **sampling))
             return
         s = self.engine.generate_stream(prompt, **sampling)
         for batch in batches(s):
             if batch["text"]:
                 yield openai_api.sse(response.chunk(batch["text"]))
-        yield response.last_events(self._finish(s.result), req.include_usage)
+        yield response.last_events(s.result, req.include_usage)
 
     def _room(self, prompt: str) -> int:
         """OpenAI's default max_tokens: whatever the context has left, up to MAX_NEW_TOKENS."""
         room = self.engine.max_seq - len(self.engine.tokenizer.encode(prompt))
         return max(1, min(self.limits.max_new_tokens, room))
-
-    def _finish(self, result: dict) -> dict:
-        """Add the worker's phases to the engine's cold-start breakdown (present on the first result only)."""
-        if result.get("cold_start") is not None:
-            first_job_ms = (self._first_job_at - timing.PROCESS_START) * 1000.0
-            result["cold_start"] = timing.rounded({**result["cold_start"], **self.boot,
-                                                   "process_start_to_first_job_ms": first_job_ms})  # fmt: skip
-        return result
