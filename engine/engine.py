@@ -162,7 +162,7 @@ class Engine:
     # -- public API -----------------------------------------------------------------------------------------
 
     def system1(self, prompt: str, candidates: Sequence[str], temperature: float = 1.0) -> dict:
-        """Score each candidate continuation of `prompt` in one prefill (DESIGN.md §4)."""
+        """Score each candidate continuation of `prompt` in one prefill (docs/design.md §4)."""
         if isinstance(candidates, str) or not candidates or not all(isinstance(c, str) for c in candidates):
             raise InvalidInput("candidates must be a non-empty list of strings")
         with Stopwatch() as tok_sw:

@@ -1,4 +1,5 @@
-"""Typed errors. Every failure that reaches a caller is an EngineError whose `kind` is one of DESIGN.md §4's kinds."""
+"""Typed errors. Every failure that reaches a caller is an EngineError whose `kind` is one of docs/design.md §4's
+kinds."""
 
 from __future__ import annotations
 

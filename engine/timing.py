@@ -65,7 +65,7 @@ def mark_imports_done() -> None:
 class ColdStart(dict):
     """The cold-start record of one loaded engine: phase name -> ms (or a flag), filled by whoever measures a phase
     (the engine's load, the CUDA backend, the worker's boot) and handed out once, on the first result, by `take`.
-    This is the only place the phases are merged: docs/design.md lists them."""
+    This is the only place the phases are merged: docs/design.md §2 lists them."""
 
     taken = False
 

@@ -1,7 +1,7 @@
 """Shared checks against the llama.cpp fixtures (tests/fixtures/*.reference.json + .npz), for any backend.
 
 `measure(engine, name)` runs every prompt of a fixture and returns the measured errors; the tests decide the
-tolerance (DESIGN.md §7), so the CPU and CUDA suites share one measurement.
+tolerance (docs/design.md §7), so the CPU and CUDA suites share one measurement.
 """
 
 from __future__ import annotations

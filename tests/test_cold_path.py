@@ -1,4 +1,4 @@
-"""The CUDA cold path imports neither NumPy nor CuPy proper (DESIGN.md §2: together worth ~0.6 s on a cold GPU
+"""The CUDA cold path imports neither NumPy nor CuPy proper (docs/design.md §2: together worth ~0.6 s on a cold GPU
 machine), and the prepare cache gives the same tokenizer as the GGUF."""
 
 from __future__ import annotations

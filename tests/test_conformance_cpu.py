@@ -21,7 +21,7 @@ def test_tiny_fixture(tiny):
     name, engine = tiny
     m = C.measure(engine, name)
     assert m.prompt_ids_match
-    # DESIGN.md §7: F32 files within 1e-4 of llama.cpp; quantized files within 1e-3 of exact math on the
+    # docs/design.md §7: F32 files within 1e-4 of llama.cpp; quantized files within 1e-3 of exact math on the
     # dequantized weights (this backend computes exactly that).
     assert m.max_abs_prompt <= (1e-3 if C.is_quantized(name) else 1e-4), m
     assert m.max_abs_steps <= 1e-4, m

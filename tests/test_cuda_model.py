@@ -26,7 +26,7 @@ def pair(request):
 
 
 def llamacpp_error(name: str) -> float:
-    """How far llama.cpp's own quantized run is from exact math on the dequantized weights (DESIGN.md §7)."""
+    """How far llama.cpp's own quantized run is from exact math on the dequantized weights (docs/design.md §7)."""
     with open(C.fixture_path(name, ".reference.json")) as f:
         return json.load(f)["oracles"]["llamacpp_dequantized_f32"]["max_abs_diff_all_prompts"]
 
@@ -38,7 +38,7 @@ def test_fixture_conformance(pair, record_property):
     print(f"{name}: prompt {m.max_abs_prompt:.3g}, steps {m.max_abs_steps:.3g}, vs llama.cpp {m.max_abs_llamacpp:.3g}")
     assert m.prompt_ids_match
     if C.is_quantized(name):
-        # DESIGN.md §7 for the batched path (TF32 tensor cores), and the same bound between the decode path (exact
+        # docs/design.md §7 for the batched path (TF32 tensor cores), and the same bound between the decode path (exact
         # float32 matvec) and the batched one.
         assert m.max_abs_prompt <= 1.25 * llamacpp_error(name), m
         assert m.max_abs_steps <= 1.25 * llamacpp_error(name), m
@@ -82,7 +82,7 @@ def _run_in_fresh_process(code: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def test_no_runtime_compilation():
-    """DESIGN.md §3: system1 + generate leave CuPy's kernel cache empty and never map libnvrtc."""
+    """docs/design.md §3: system1 + generate leave CuPy's kernel cache empty and never map libnvrtc."""
     with tempfile.TemporaryDirectory() as cache:
         code = (
             "from engine.engine import Engine\n"

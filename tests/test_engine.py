@@ -1,4 +1,4 @@
-"""Engine API semantics (DESIGN.md §4) on the NumPy backend with a tiny model."""
+"""Engine API semantics (docs/design.md §4) on the NumPy backend with a tiny model."""
 
 from __future__ import annotations
 

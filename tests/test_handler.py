@@ -1,4 +1,4 @@
-"""handler.handler(job), called directly (CPU backend, tiny model): DESIGN.md §4's job contract."""
+"""handler.handler(job), called directly (CPU backend, tiny model): docs/design.md §4's job contract."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def kernels_built() -> bool:
 
 def prestart(backend: str | None = None) -> None:
     """Start creating the CUDA context on a thread now, first thing in the process, so that it is ready by the time
-    the imports, the model open and the tokenizer are done (docs/design.md, the cold path). A no-op when the CPU
+    the imports, the model open and the tokenizer are done (docs/design.md §2). A no-op when the CPU
     backend is asked for, when no kernels are built or when there is no driver; `Engine.load` picks the started
     context up."""
     global _prestarted

@@ -1,4 +1,4 @@
-"""Job input schemas (DESIGN.md §4), validated with pydantic at the worker's boundary.
+"""Job input schemas (docs/design.md §4), validated with pydantic at the worker's boundary.
 
 `parse(raw, limits)` turns a job's `input` into one of: `System1Job`, `GenerateJob`, `ChatCompletionRequest`,
 `CompletionRequest`, `ModelsRequest` — or raises `InvalidInput` naming the offending fields. Every model rejects

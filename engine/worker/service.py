@@ -1,4 +1,4 @@
-"""The serverless worker's job runner: one loaded engine; DESIGN.md §4 job inputs in, results or typed errors out.
+"""The serverless worker's job runner: one loaded engine; docs/design.md §4 job inputs in, results or typed errors out.
 
 `Worker.run(job_input)` is a generator of outputs, which is the shape a streaming Runpod handler needs:
 - system1, non-streamed generate and non-streamed OpenAI jobs yield exactly one result;
@@ -34,7 +34,7 @@ STREAM_FIRST, STREAM_GROWTH, STREAM_LARGEST = 1, 3, 48  # tokens per streamed ba
 
 
 def error_output(e: BaseException) -> dict:
-    """DESIGN.md §4's error object for an exception."""
+    """docs/design.md §4's error object for an exception."""
     if isinstance(e, EngineError):
         out = {"error": str(e), "error_kind": e.kind}
     elif isinstance(e, MemoryError):
