@@ -16,7 +16,7 @@ def _requested_backend(argv: list[str]) -> str | None:
 
 # The CUDA context takes a few hundred milliseconds to create: start it on a thread before anything heavy is
 # imported, for the commands that load a model (prestart skips the CPU backend and machines with nothing built).
-if len(sys.argv) > 1 and sys.argv[1] in ("system1", "generate", "check", "bench"):
+if len(sys.argv) > 1 and sys.argv[1] in ("system1", "generate", "check", "bench", "profile"):
     prestart(_requested_backend(sys.argv))
 
 from engine.tools.cli import main  # noqa: E402

@@ -152,6 +152,7 @@ class Launch:
         if min(self.grid) < 1 or min(self.block) < 1:
             raise CudaError(f"empty launch grid {self.grid} / block {self.block}")
         self.smem = smem
+        self.name = _kernel_names.get(fn.value, "?")  # "module.kernel", for profiles and error messages
         self._args = args  # the ctypes values the parameter array points into: kept alive with it
         self._params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
 
@@ -182,10 +183,12 @@ class Module:
             check(libcuda().cuModuleGetFunction(ctypes.byref(f), self.handle, name.encode()),
                   f"cuModuleGetFunction({self.name}.{name})")  # fmt: skip
             self._functions[name] = f
+            _kernel_names[f.value] = f"{self.name}.{name}"
         return f
 
 
 _modules: dict[str, Module] = {}
+_kernel_names: dict[int, str] = {}  # function handle -> "module.kernel"
 
 
 def module(name: str) -> Module:

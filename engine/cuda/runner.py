@@ -201,6 +201,14 @@ class CudaRunner:
         memory.synchronize(self.stream)
         return int(self._ctrl_host[2])
 
+    def decode_launches(self, token: int) -> list:
+        """The launches of one decode step for `token` at the current position, its inputs uploaded, nothing run and
+        the position not advanced (engine/tools/profile.py times them one by one)."""
+        driver.start_context(self.device)
+        self._upload_ctrl([token])
+        memory.synchronize(self.stream)
+        return self.model.forward(1) + self.model.head_logits(0, 1)
+
     def _set_step(self, step: int) -> None:
         memory.synchronize(self.stream)
         self._ctrl_host[1] = step

@@ -116,6 +116,13 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from engine.tools.profile import profile
+
+    _print(profile(_load(args), prompt_tokens=args.prompt_tokens, repeats=args.repeats))
+    return 0
+
+
 def cmd_smoke(args) -> int:
     from engine.tools.doctor import smoke
 
@@ -179,6 +186,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=20, help="timed repeats of each warm measurement")
     b.add_argument("--cold", type=int, default=0, help="fresh processes per cold measurement (0: skip)")
     b.set_defaults(func=cmd_bench)
+
+    f = model_cmd("profile", "time each launch of one CUDA decode step, grouped by kernel")
+    f.add_argument("--prompt-tokens", type=int, default=64, help="tokens in the cache before the profiled step")
+    f.add_argument("--repeats", type=int, default=200, help="graph replays per timed launch")
+    f.set_defaults(func=cmd_profile)
 
     sub.add_parser("smoke", help="run one prebuilt kernel and time the AOT path from process start",
                    description="run one prebuilt kernel (axpy) and time the AOT path from process start"

@@ -1,0 +1,70 @@
+"""`python -m engine profile MODEL`: where a decode step's time goes, launch by launch, on the CUDA backend.
+
+Each launch of one decode step (the model's forward for one token plus the LM head) is captured in a graph of its
+own and replayed many times between device events, so its figure excludes the host; the whole step is replayed the
+same way. The table groups launches by kernel. The state the step reads (KV cache rows, position) comes from a real
+prompt run first; replaying a launch alone rewrites its outputs with the same values, so nothing drifts.
+"""
+
+from __future__ import annotations
+
+from engine.cuda import memory
+from engine.errors import UnsupportedArchitecture
+
+
+def _replay_ms(launches: list, stream: int, repeats: int) -> float:
+    """Mean device time of one replay of `launches`, captured as one graph (ms)."""
+    graph = memory.Graph(stream)
+    with graph:
+        for launch in launches:
+            launch(stream)
+    try:
+        graph.launch()  # warm-up: first replay uploads the graph
+        memory.synchronize(stream)
+        timer = memory.Timer(stream)
+        timer.start()
+        for _ in range(repeats):
+            graph.launch()
+        return timer.stop() / repeats
+    finally:
+        graph.destroy()
+
+
+def profile(engine, prompt_tokens: int = 64, repeats: int = 200) -> dict:
+    """The decode step of `engine` (CUDA backend) after a prompt of `prompt_tokens` tokens, timed per launch."""
+    runner = engine.runner
+    if runner.backend != "cuda":
+        raise UnsupportedArchitecture("profile needs the CUDA backend (a GPU and built kernels)")
+    runner.reset()
+    ids = [i % engine.config.n_vocab for i in range(1, prompt_tokens + 1)]
+    runner.forward(ids, out="none")
+    launches = runner.decode_launches(ids[-1])
+    stream = runner.stream
+    step_ms = _replay_ms(launches, stream, repeats)
+    rows = []
+    for i, launch in enumerate(launches):
+        us = _replay_ms([launch], stream, repeats) * 1000.0
+        rows.append({"i": i, "kernel": launch.name, "grid": list(launch.grid), "block": list(launch.block),
+                     "us": round(us, 2)})  # fmt: skip
+    by_kernel: dict[str, dict] = {}
+    for row in rows:
+        k = by_kernel.setdefault(row["kernel"], {"kernel": row["kernel"], "launches": 0, "us": 0.0})
+        k["launches"] += 1
+        k["us"] += row["us"]
+    total_us = sum(r["us"] for r in rows) or 1.0
+    table = sorted(by_kernel.values(), key=lambda k: -k["us"])
+    for k in table:
+        k["us"] = round(k["us"], 2)
+        k["share"] = round(k["us"] / total_us, 4)
+    return {
+        "model": engine.model_info,
+        "prompt_tokens": prompt_tokens,
+        "repeats": repeats,
+        "launches_per_step": len(launches),
+        "step_ms": round(step_ms, 4),
+        "tokens_per_s": round(1000.0 / step_ms, 1) if step_ms > 0 else None,
+        "sum_of_launches_ms": round(total_us / 1000.0, 4),
+        "weight_gb_per_s": round(engine.bytes_per_token / (step_ms * 1e6), 1) if step_ms > 0 else None,
+        "by_kernel": table,
+        "launches": rows,
+    }
