@@ -33,9 +33,9 @@ ARCHS: dict[str, Arch] = {
         Arch("qwen3", rope="neox", numpy_module="dense", cuda_module="dense_cuda"),
         Arch("llama", rope="norm", numpy_module="dense", cuda_module="dense_cuda", moe="qwen", moe_optional=True),
         Arch("qwen3moe", rope="neox", numpy_module="dense", cuda_module="dense_cuda", moe="qwen"),
-        Arch("qwen35", rope="neox", numpy_module="hybrid", cuda_module=None, deltanet=True),
-        Arch("qwen35moe", rope="neox", numpy_module="hybrid", cuda_module=None, moe="qwen", deltanet=True),
-        Arch("qwen3next", rope="neox", numpy_module="hybrid", cuda_module=None, moe="qwen", deltanet=True),
+        Arch("qwen35", rope="neox", numpy_module="hybrid", cuda_module="hybrid_cuda", deltanet=True),
+        Arch("qwen35moe", rope="neox", numpy_module="hybrid", cuda_module="hybrid_cuda", moe="qwen", deltanet=True),
+        Arch("qwen3next", rope="neox", numpy_module="hybrid", cuda_module="hybrid_cuda", moe="qwen", deltanet=True),
         Arch("deepseek2", rope="norm", numpy_module="mla", cuda_module=None, moe="deepseek", mla=True),
     )
 }

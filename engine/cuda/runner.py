@@ -62,12 +62,18 @@ class CudaRunner:
 
     def reset(self) -> None:
         self.position = 0
+        if hasattr(self.model, "reset_state"):  # recurrent layers start every sequence from zero state
+            self.model.reset_state(self.stream)
 
     def snapshot(self) -> object:
-        return self.position  # K/V entries are indexed by position: nothing else to save
+        # K/V entries are indexed by position; recurrent state (hybrid models) is copied aside on the device.
+        saved = self.model.save_state(self.stream) if hasattr(self.model, "save_state") else None
+        return self.position, saved
 
     def restore(self, state: object) -> None:
-        self.position = state
+        self.position, saved = state
+        if saved is not None:
+            self.model.load_state(saved, self.stream)
 
     # -- launching -----------------------------------------------------------------------------------------
 
