@@ -5,6 +5,7 @@ Per layer, for a batch of n tokens whose first position is in device memory (`ct
            FFN RMSNorm fused; matvec down (+x).
   n >  8 : RMSNorm rows; GEMM q, k, v; attention; GEMM o (+x); RMSNorm rows; GEMM gate/up SwiGLU; GEMM down (+x).
 Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n = 1) or causal prefill.
+MoE layers (qwen3moe, Mixtral-style llama) replace the FFN by engine/models/moe_cuda.py's MoEFFN.
 Everything is allocated here, once; building a launch list allocates nothing on the device.
 """
 
@@ -25,6 +26,7 @@ from engine.cuda.memory import DeviceArray
 from engine.cuda.upload import DeviceWeights
 from engine.errors import UnsupportedArchitecture
 from engine.models import specs
+from engine.models.moe_cuda import MoEFFN
 from engine.weights import group_by_layer, resolve
 
 LOGIT_ROWS = 64  # rows of full-vocabulary logits computed per chunk
@@ -38,8 +40,6 @@ def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
 
 class CudaModel:
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
-        if cfg.moe is not None:
-            raise UnsupportedArchitecture(f"{cfg.arch}: mixture-of-experts layers have no CUDA path yet")
         if cfg.rope_scaling.kind not in ("none", "linear") or cfg.rope_scaling.mscale != 1.0:
             raise UnsupportedArchitecture(f"{cfg.arch}: RoPE scaling '{cfg.rope_scaling.kind}' (cos/sin magnitude "
                                           f"{cfg.rope_scaling.mscale}) has no CUDA path yet")  # fmt: skip
@@ -54,6 +54,10 @@ class CudaModel:
         self.output = self.token_embd if cfg.tied_output else top["output"]
         self.output_norm = top["output_norm"]  # (dim,) f32
         self.rope_freqs = top.get("rope_freqs")  # (rope_dim/2,) f32 or None
+        # MoE layers (qwen3moe, llama files with experts) run engine/models/moe_cuda.py's FFN instead of the dense one.
+        moe = cfg.moe
+        self.moe = [MoEFFN(cfg, L, max_batch) if moe is not None and i >= moe.n_dense_leading else None
+                    for i, L in enumerate(self.layers)]  # fmt: skip
         self._allocate()
 
     def _allocate(self) -> None:
@@ -106,7 +110,7 @@ class CudaModel:
                 out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
                                            c.value_dim, scale, self.att))  # fmt: skip
             out += self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x)
-            out += self._ffn(L, n)
+            out += self._ffn(L, n) if self.moe[i] is None else self.moe[i].launches(self.x, n, L["ffn_norm"])
         return out
 
     def _freq_scale(self) -> float:

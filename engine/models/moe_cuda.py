@@ -1,0 +1,163 @@
+"""The mixture-of-experts FFN on the CUDA backend (qwen3moe, Mixtral-style llama, and the MoE layers of the hybrid
+and MLA families): engine/models/moe.py's math as kernel launches, residual added in place.
+
+Per MoE layer, for n tokens:
+  xn = RMSNorm(x) * norm_w;  logits = ffn_gate_inp . xn  (matvec passes or the exact-f32 GEMM);
+  moe_route: gating, exp_probs_b, groups, top-k, weights (and the shared expert's sigmoid gate) on the device;
+  shared expert (when the model has one): the dense matvec / GEMM launches;
+  n <= 8 : moe_gate_up (every chosen expert of every token, one launch), moe_down (weighted sum + shared + residual);
+  n >  8 : moe_group (rows sorted by expert), moe_gather, grouped GEMMs gate/up and down, moe_combine.
+Expert ids never leave the device, so a decode step stays one CUDA graph. Weights stay in their GGUF stacks.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from engine.config import ModelConfig
+from engine.cuda import k_elementwise as kel
+from engine.cuda import k_gemm as kg
+from engine.cuda import k_matvec as km
+from engine.cuda import k_moe
+from engine.cuda import k_norm_rope as knr
+from engine.cuda.dispatch import SMALL_BATCH, passes, use_matvec
+from engine.cuda.driver import Launch
+from engine.cuda.memory import DeviceArray, DeviceWeight
+
+_SCRATCH: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
+    width = a.shape[-1]
+    return a.view(at * width, (m, width))
+
+
+def _matmul(w: DeviceWeight, x: DeviceArray, n: int, y: DeviceArray) -> list[Launch]:
+    """y[:n] = w . x[:n]: matvec passes of <= 8 tokens, or the GEMM (as the dense family chooses)."""
+    if not use_matvec(n):
+        return [kg.gemm(w, x, n, y)]
+    return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m)) for at, m in passes(n)]
+
+
+class _Scratch:
+    """Activations of one MoE layer, shared by all the MoE layers of a model: they run one after another on one
+    stream. Keyed by the model's ModelConfig object, which it keeps alive (so its id cannot be reused meanwhile)."""
+
+    def __init__(self, cfg: ModelConfig, b: int):
+        m = cfg.moe
+        assert m is not None
+        self.cfg = cfg
+        k, items, f = m.n_experts_used, b * m.n_experts_used, m.expert_hidden_dim
+        self.xn = DeviceArray.empty((b, cfg.dim))  # normed FFN input (b, dim) f32
+        self.logits = DeviceArray.empty((b, m.n_experts))  # router logits (b, n_experts) f32
+        self.ids = DeviceArray.empty((b, k), "i4")  # chosen experts, best first (b, k) i32
+        self.wts = DeviceArray.empty((b, k))  # their weights (b, k) f32
+        self.sgate = DeviceArray.empty((b,))  # the shared expert's sigmoid gate (b,) f32
+        self.h = DeviceArray.empty((items, f))  # SwiGLU per item, token-major (n <= 8) or by expert (b*k, F) f32
+        self.h2: DeviceArray | None = None  # up projections when gate/up types differ (b*k, F) f32
+        s = m.shared_hidden_dim
+        self.hs = DeviceArray.empty((b, s)) if s else None  # shared expert SwiGLU (b, S) f32
+        self.hs2: DeviceArray | None = None  # its up projection when types differ (b, S) f32
+        self.ys = DeviceArray.empty((b, cfg.dim)) if s else None  # shared expert output (b, dim) f32
+        if b > SMALL_BATCH:  # the grouped path
+            self.xp = DeviceArray.empty((items, cfg.dim))  # xn rows by expert, then the experts' outputs (b*k, dim)
+            self.offsets = DeviceArray.empty((m.n_experts + 1,), "i4")  # rows of expert e: [off[e], off[e+1]) i32
+            self.perm_tok = DeviceArray.empty((items,), "i4")  # token of permuted row p (b*k,) i32
+            self.inv = DeviceArray.empty((items,), "i4")  # permuted row of item t*k + j (b*k,) i32
+            self.tiles = DeviceArray.empty((k_moe.max_tiles(items, m.n_experts), 3), "i4")  # (e, start, end) i32
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, b: int) -> _Scratch:
+        key = (id(cfg), b)
+        s = _SCRATCH.get(key)
+        if s is None or s.cfg is not cfg:
+            s = _SCRATCH[key] = cls(cfg, b)
+        return s
+
+    def second_buffers(self, experts: bool, shared: bool) -> None:
+        """The up-projection buffers a layer with differing gate/up types needs (allocated at load)."""
+        m, b = self.cfg.moe, self.xn.shape[0]
+        if experts and self.h2 is None:
+            self.h2 = DeviceArray.empty(self.h.shape)  # (b*k, F) f32
+        if shared and self.hs2 is None:
+            self.hs2 = DeviceArray.empty((b, m.shared_hidden_dim))  # (b, S) f32
+
+
+class MoEFFN:
+    def __init__(self, cfg: ModelConfig, L: dict, max_batch: int):
+        assert cfg.moe is not None
+        self.cfg, self.moe, self.max_batch = cfg, cfg.moe, max_batch
+        self.ffn_gate_inp = L["ffn_gate_inp"]  # router (n_experts rows, dim)
+        self.exp_probs_b = L.get("exp_probs_b")  # (n_experts,) f32 or None
+        self.ffn_gate_exps = L["ffn_gate_exps"]  # expert 0 of the stack: (F, dim); the stack is n_experts of them
+        self.ffn_up_exps = L["ffn_up_exps"]  # (F, dim) x n_experts
+        self.ffn_down_exps = L["ffn_down_exps"]  # (dim, F) x n_experts
+        self.shexp = None  # (ffn_gate_shexp (S, dim), ffn_up_shexp (S, dim), ffn_down_shexp (dim, S))
+        if self.moe.shared_hidden_dim:
+            self.shexp = (L["ffn_gate_shexp"], L["ffn_up_shexp"], L["ffn_down_shexp"])
+        self.ffn_gate_inp_shexp = L.get("ffn_gate_inp_shexp")  # (dim,) f32 or None
+        self.split_experts = self.ffn_gate_exps.ggml_type != self.ffn_up_exps.ggml_type
+        self.split_shared = self.shexp is not None and self.shexp[0].ggml_type != self.shexp[1].ggml_type
+        self.s = _Scratch.of(cfg, max_batch)
+        self.s.second_buffers(self.split_experts, self.split_shared)
+
+    def launches(self, x: DeviceArray, n: int, norm_w: DeviceArray) -> list[Launch]:
+        """x[:n] += MoE(RMSNorm(x[:n]) * norm_w), routed + shared experts, residual added in place."""
+        s, m = self.s, self.moe
+        out = [knr.rmsnorm_rows(x, norm_w, self.cfg.norm_eps, s.xn, n)]
+        out += _matmul(self.ffn_gate_inp, s.xn, n, s.logits)
+        gate = self.ffn_gate_inp_shexp if self.shexp is not None else None
+        out.append(k_moe.route(s.logits, n, m.n_experts, m.n_experts_used, s.ids, s.wts,
+                               sigmoid=m.gating == "sigmoid", bias=self.exp_probs_b, n_groups=m.n_groups,
+                               n_groups_used=m.n_groups_used, norm=m.weights_norm, scale=m.weights_scale, xn=s.xn,
+                               gate_shexp=gate, sgate=s.sgate))  # fmt: skip
+        out += self._shared(n)
+        return out + (self._small(x, n) if n <= SMALL_BATCH else self._grouped(x, n))
+
+    def _shared(self, n: int) -> list[Launch]:
+        """ys[:n] = the shared expert of xn (its gate is applied where the routed experts are summed)."""
+        if self.shexp is None:
+            return []
+        s, (gate, up, down) = self.s, self.shexp
+        if self.split_shared:
+            out = _matmul(gate, s.xn, n, s.hs) + _matmul(up, s.xn, n, s.hs2)
+            out.append(kel.swiglu(s.hs, s.hs2, s.hs, n * gate.rows))
+        elif use_matvec(n):
+            out = [km.matvec_swiglu(gate, up, _rows(s.xn, at, c), c, _rows(s.hs, at, c)) for at, c in passes(n)]
+        else:
+            out = [kg.gemm_swiglu(gate, up, s.xn, n, s.hs)]
+        return out + _matmul(down, s.hs, n, s.ys)
+
+    def _shared_args(self) -> dict:
+        if self.shexp is None:
+            return {}
+        return {"shared": self.s.ys, "sgate": self.s.sgate if self.ffn_gate_inp_shexp is not None else None}
+
+    def _small(self, x: DeviceArray, n: int) -> list[Launch]:
+        s, k = self.s, self.moe.n_experts_used
+        items = n * k
+        if self.split_experts:
+            out = [k_moe.gate_up(self.ffn_gate_exps, None, s.xn, s.ids, k, items, s.h),
+                   k_moe.gate_up(self.ffn_up_exps, None, s.xn, s.ids, k, items, s.h2),
+                   kel.swiglu(s.h, s.h2, s.h, items * self.ffn_gate_exps.rows)]  # fmt: skip
+        else:
+            out = [k_moe.gate_up(self.ffn_gate_exps, self.ffn_up_exps, s.xn, s.ids, k, items, s.h)]
+        out.append(k_moe.down(self.ffn_down_exps, s.h, s.ids, s.wts, k, n, x, **self._shared_args()))
+        return out
+
+    def _grouped(self, x: DeviceArray, n: int) -> list[Launch]:
+        s, m = self.s, self.moe
+        k, e = m.n_experts_used, m.n_experts
+        items = n * k
+        out = [k_moe.group(s.ids, items, k, e, s.offsets, s.perm_tok, s.inv, s.tiles),
+               k_moe.gather(s.xn, self.cfg.dim, s.perm_tok, items, s.xp)]  # fmt: skip
+        if self.split_experts:
+            out += [k_moe.gemm(self.ffn_gate_exps, s.xp, s.tiles, items, e, s.h),
+                    k_moe.gemm(self.ffn_up_exps, s.xp, s.tiles, items, e, s.h2),
+                    kel.swiglu(s.h, s.h2, s.h, items * self.ffn_gate_exps.rows)]  # fmt: skip
+        else:
+            out.append(k_moe.gemm_swiglu(self.ffn_gate_exps, self.ffn_up_exps, s.xp, s.tiles, items, e, s.h))
+        # The down projections overwrite xp: its gathered rows are dead once gate/up have read them.
+        out.append(k_moe.gemm(self.ffn_down_exps, s.h, s.tiles, items, e, s.xp))
+        out.append(k_moe.combine(s.xp, s.inv, s.wts, n, k, self.cfg.dim, x, **self._shared_args()))
+        return out

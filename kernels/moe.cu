@@ -1,0 +1,108 @@
+// Mixture-of-experts FFN: routing, decode expert matvecs, and the grouped prefill GEMM over rows sorted by expert.
+// Contract (names, arguments, grid/block): kernels/README.md, "moe.cu". Routing and grouping: moe_route.cuh; decode
+// matvecs: moe_expert.cuh; the GEMM tile: gemm_tile.cuh.
+//
+// Prefill (n > 8 tokens): moe_route -> moe_group (rows sorted by expert, tile list) -> moe_gather (normed rows in
+// that order) -> moe_gemm_swiglu_{t} (gate/up) -> moe_gemm_{t} (down) -> moe_combine (weighted sum per token, in slot
+// order, plus the shared expert, into the residual). Every grid is fixed by n alone; no host read of expert ids.
+#include "gemm_tile.cuh"
+#include "moe_expert.cuh"
+#include "moe_route.cuh"
+
+// Grouped GEMM: block (x, y) computes weight rows [64x, +64) of tile y = (e, start, end) of the tile list, i.e.
+// C[p] = W_e . A[p] for permuted rows p in [start, min(start + 64, end)). gemm::tile addresses tokens as
+// blockIdx.y * 64 + i and guards them against its n, so it is handed A and C shifted by start - 64y and
+// n = 64y + (end - start): its token 64y + i is permuted row start + i, and rows at or past end are never written
+// (their reads clamp to row end - 1, inside A).
+template <int T, int NW>
+__device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long long row_bytes, long long expert_bytes,
+                                             int R, int K, const float* __restrict__ A, const int* __restrict__ tiles,
+                                             float* C) {
+    const int y = blockIdx.y, e = tiles[3 * y], start = tiles[3 * y + 1], end = tiles[3 * y + 2];
+    if (e < 0) return;  // past the last tile: the whole block leaves before any barrier
+    const long long shift = (long long)start - (long long)y * gemm::BM;
+    const uint8_t* We[NW];
+#pragma unroll
+    for (int m = 0; m < NW; ++m) We[m] = W[m] + e * expert_bytes;
+    gemm::tile<T, NW>(We, row_bytes, R, K, A + shift * K, y * gemm::BM + (end - start), nullptr, C + shift * R);
+}
+
+#define MOE_GEMM_BOUNDS __launch_bounds__(gemm::THREADS, 2)  // as gemm.cu: room for the double-buffered stage
+
+#define MOE_KERNELS(tag, T)                                                                                           \
+    /* y[p, r] = silu(Wg_e[r] . x[p / k]) * (Wu_e[r] . x[p / k]) (Wu null: Wg_e[r] . x[p / k]), e = ids[p] */         \
+    extern "C" __global__ void __launch_bounds__(moe::MV_THREADS)                                                     \
+        moe_gate_up_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R,   \
+                          int K, const float* x, const int* ids, int k, float* y) {                                   \
+        moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y);                                         \
+    }                                                                                                                 \
+    /* x[t, r] += sum_j w[t, j] * (W_{ids[t, j]}[r] . h[t * k + j]) (+ g_t * shared[t, r]) */                         \
+    extern "C" __global__ void __launch_bounds__(moe::MV_THREADS)                                                     \
+        moe_down_##tag(const uint8_t* W, long long row_bytes, long long expert_bytes, int R, int K, const float* h,   \
+                       const int* ids, const float* w, int k, const float* shared, const float* sgate, float* x) {    \
+        moe::down<T>(W, row_bytes, expert_bytes, R, K, h, ids, w, k, shared, sgate, x);                               \
+    }                                                                                                                 \
+    /* C[p] = W_e . A[p] over the tile list */                                                                        \
+    extern "C" __global__ void MOE_GEMM_BOUNDS moe_gemm_##tag(const uint8_t* __restrict__ W, long long row_bytes,     \
+                                                              long long expert_bytes, int R, int K,                   \
+                                                              const float* __restrict__ A, const int* tiles,          \
+                                                              float* C) {                                             \
+        const uint8_t* const w[1] = {W};                                                                              \
+        grouped_tile<T, 1>(w, row_bytes, expert_bytes, R, K, A, tiles, C);                                            \
+    }                                                                                                                 \
+    /* C[p] = silu(Wg_e . A[p]) * (Wu_e . A[p]) over the tile list */                                                 \
+    extern "C" __global__ void MOE_GEMM_BOUNDS moe_gemm_swiglu_##tag(                                                 \
+        const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu, long long row_bytes, long long expert_bytes,  \
+        int R, int K, const float* __restrict__ A, const int* tiles, float* C) {                                      \
+        const uint8_t* const w[2] = {Wg, Wu};                                                                         \
+        grouped_tile<T, 2>(w, row_bytes, expert_bytes, R, K, A, tiles, C);                                            \
+    }
+
+Q_FOR_EACH_TYPE(MOE_KERNELS)
+
+extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
+    moe_route(const float* logits, int E, int k, int sigmoid, const float* bias, int n_groups, int n_groups_used,
+              int norm, float scale, const float* xn, int dim, const float* gate_shexp, int* ids, float* w,
+              float* sgate) {
+    moe::route_token(logits, E, k, sigmoid, bias, n_groups, n_groups_used, norm, scale, xn, dim, gate_shexp, ids, w,
+                     sgate);
+}
+
+extern "C" __global__ void __launch_bounds__(moe::GROUP_THREADS)
+    moe_group(const int* ids, int n_items, int k, int E, int max_tiles, int* offsets, int* perm_tok, int* inv,
+              int* tiles) {
+    moe::group_rows(ids, n_items, k, E, max_tiles, offsets, perm_tok, inv, tiles);
+}
+
+// xp[p, :] = xn[perm_tok[p], :], block p; dim a multiple of 4, rows 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gather(const float* __restrict__ xn, int dim, const int* __restrict__ perm_tok, float* __restrict__ xp) {
+    const int p = blockIdx.x, d4 = dim >> 2;
+    const float4* src = reinterpret_cast<const float4*>(xn) + (long long)perm_tok[p] * d4;
+    float4* dst = reinterpret_cast<float4*>(xp) + (long long)p * d4;
+    for (int c = threadIdx.x; c < d4; c += blockDim.x) dst[c] = src[c];
+}
+
+// x[t, :] += sum_j w[t, j] * y[inv[t * k + j], :] (slot order) + g_t * shared[t, :] (g_t = sgate[t], or 1), block t.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_combine(const float* __restrict__ y, const int* __restrict__ inv, const float* __restrict__ w, int k, int dim,
+                const float* __restrict__ shared, const float* __restrict__ sgate, float* __restrict__ x) {
+    const int t = blockIdx.x, d4 = dim >> 2;
+    const float g = shared && sgate ? sgate[t] : 1.f;
+    float4* xt = reinterpret_cast<float4*>(x) + (long long)t * d4;
+    for (int c = threadIdx.x; c < d4; c += blockDim.x) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < k; ++j) {
+            const float wj = w[(long long)t * k + j];
+            const float4 v = reinterpret_cast<const float4*>(y)[(long long)inv[(long long)t * k + j] * d4 + c];
+            a.x = fmaf(wj, v.x, a.x), a.y = fmaf(wj, v.y, a.y), a.z = fmaf(wj, v.z, a.z), a.w = fmaf(wj, v.w, a.w);
+        }
+        if (shared) {
+            const float4 s = reinterpret_cast<const float4*>(shared)[(long long)t * d4 + c];
+            a.x = fmaf(g, s.x, a.x), a.y = fmaf(g, s.y, a.y), a.z = fmaf(g, s.z, a.z), a.w = fmaf(g, s.w, a.w);
+        }
+        float4 r = xt[c];
+        r.x += a.x, r.y += a.y, r.z += a.z, r.w += a.w;
+        xt[c] = r;
+    }
+}

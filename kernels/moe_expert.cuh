@@ -1,0 +1,102 @@
+// Expert matvecs for decode and small batches (n <= 8 tokens), straight from the GGUF expert stacks: every block
+// reads its expert id from device memory, so one launch covers all chosen experts of all tokens and a decode step
+// stays one CUDA graph. Contract: kernels/README.md, "moe.cu". Kernels: moe.cu.
+//
+// A stack of E experts holds expert e's R x K matrix at W + e * expert_bytes (expert_bytes = R * row_bytes). Block
+// 256 threads = 8 warps, warp w owns output row 8 * blockIdx.x + w; its lanes stride over the row's 8-value groups
+// (a warp reads one K-quant super-block, or 8 blocks of 32, per step) and the warp sum finishes the row. Every sum
+// has a fixed order, so results do not depend on scheduling (no float atomics).
+//
+// gate_up: item p = blockIdx.y is slot p % k of token p / k; y[p] = silu(Wg_e . x) * (Wu_e . x), or Wg_e . x alone
+//   when Wu is null (gate and up of different types: two launches and a SwiGLU).
+// down: block (row block, token t) sums the token's k slots in slot order, weighted, plus the optional shared
+//   expert (times its gate), into the residual: x[t] += sum_j w_j * (W_{e_j} . h[t*k + j]) + g_t * shared[t].
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "moe_route.cuh"  // MAX_K
+#include "quant.cuh"
+
+namespace moe {
+
+constexpr int MV_THREADS = 256, MV_ROWS = 8;  // one output row per warp
+
+template <int T>
+__device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
+                                        long long row_bytes, long long expert_bytes, int R, int K,
+                                        const float* __restrict__ x, const int* __restrict__ ids, int k,
+                                        float* __restrict__ y) {
+    const int lane = threadIdx.x & 31, r = blockIdx.x * MV_ROWS + (threadIdx.x >> 5), p = blockIdx.y;
+    if (r >= R) return;  // whole warps: no shuffle below loses a lane
+    const long long off = ids[p] * expert_bytes + r * row_bytes;
+    const uint8_t* g = Wg + off;
+    const uint8_t* u = Wu ? Wu + off : g;
+    const float* xt = x + (long long)(p / k) * K;
+    float a = 0.f, b = 0.f;
+    if (Wu) {
+#pragma unroll 4
+        for (int q = lane; q < (K >> 3); q += 32) {
+            float xv[8], wg[8], wu[8];
+            cm::load8f(xt + 8 * q, xv);
+            q::Quant<T>::load8(g, q, wg);
+            q::Quant<T>::load8(u, q, wu);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) a = fmaf(wg[i], xv[i], a), b = fmaf(wu[i], xv[i], b);
+        }
+    } else {
+#pragma unroll 4
+        for (int q = lane; q < (K >> 3); q += 32) {
+            float xv[8], wg[8];
+            cm::load8f(xt + 8 * q, xv);
+            q::Quant<T>::load8(g, q, wg);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) a = fmaf(wg[i], xv[i], a);
+        }
+    }
+    a = cm::warp_sum(a);
+    b = cm::warp_sum(b);
+    if (lane == 0) y[(long long)p * R + r] = Wu ? a / (1.f + expf(-a)) * b : a;
+}
+
+template <int T>
+__device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long row_bytes, long long expert_bytes, int R,
+                                     int K, const float* __restrict__ h, const int* __restrict__ ids,
+                                     const float* __restrict__ w, int k, const float* __restrict__ shared,
+                                     const float* __restrict__ sgate, float* x) {
+    __shared__ long long eoff[MAX_K];  // byte offset of each slot's expert in the stack
+    __shared__ float wt[MAX_K];        // each slot's weight
+    const int t = blockIdx.y, lane = threadIdx.x & 31, r = blockIdx.x * MV_ROWS + (threadIdx.x >> 5);
+    if (threadIdx.x < k) {
+        eoff[threadIdx.x] = ids[(long long)t * k + threadIdx.x] * expert_bytes;
+        wt[threadIdx.x] = w[(long long)t * k + threadIdx.x];
+    }
+    __syncthreads();
+    if (r >= R) return;
+    // Lane steps run over (slot, group) pairs, slot-major: one long loop keeps several loads in flight even when a
+    // slot has only a few groups per lane.
+    const int G = K >> 3, total = k * G;
+    const uint8_t* Wr = W + r * row_bytes;
+    const float* ht = h + (long long)t * k * K;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int i = lane; i < total; i += 32) {
+        const int j = i / G, q = i - j * G;
+        float wv[8], hv[8];
+        q::Quant<T>::load8(Wr + eoff[j], q, wv);
+        cm::load8f(ht + (long long)j * K + 8 * q, hv);
+        float d = 0.f;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) d = fmaf(wv[c], hv[c], d);
+        acc = fmaf(wt[j], d, acc);
+    }
+    acc = cm::warp_sum(acc);
+    if (lane == 0) {
+        const long long o = (long long)t * R + r;
+        if (shared) acc += (sgate ? sgate[t] : 1.f) * shared[o];
+        x[o] += acc;
+    }
+}
+
+}  // namespace moe

@@ -1,0 +1,224 @@
+// Routing on the device, and the grouping of routed rows by expert for the prefill GEMM. Contract: kernels/README.md,
+// "moe.cu". Kernels: moe.cu.
+//
+// route_token (one block per token) is engine/models/moe.py's `route` step for step, in float32: softmax or sigmoid
+// of the router logits, `exp_probs_b` added for the choice only, expert groups (keep the n_groups_used groups whose
+// two best scores sum highest), then top-k. The order is NumPy's stable argsort of -select: larger first, ties to the
+// lower index (groups too), NaN after every number. Equal logits give equal probabilities here and in NumPy, so ties
+// are chosen the same way.
+//
+// group_rows (one block) sorts the n*k routed rows by expert, stably: expert e's rows are [off[e], off[e+1]) in token
+// order. Counting uses integer shared atomics (an order-free result); the placement is one warp walking the rows in
+// order, 32 at a time, ranking lanes that share an expert with __match_any_sync. It also lists the 64-row tiles of
+// the grouped GEMM: tile y covers permuted rows [start, min(start + 64, end)) of expert e, as tiles[y] = (e, start,
+// end); the tiles past the last are (-1, 0, 0), so the GEMM's fixed grid needs no host read.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+namespace moe {
+
+constexpr int MAX_EXPERTS = 1024;
+constexpr int MAX_K = 32;       // experts used per token
+constexpr int MAX_GROUPS = 64;  // expert groups
+constexpr int ROUTE_THREADS = 256;
+constexpr int GROUP_THREADS = 1024;
+constexpr int TILE_ROWS = 64;  // rows of a grouped-GEMM tile: gemm::BM
+
+// Whether (v, i) sorts before (w, j) in NumPy's stable argsort of -select.
+__device__ __forceinline__ bool before(float v, int i, float w, int j) {
+    const bool vn = v != v, wn = w != w;
+    if (vn != wn) return wn;  // a number before a NaN
+    if (!vn && v != w) return v > w;
+    return i < j;
+}
+
+template <int NW>
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    v = cm::warp_max(v);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = scratch[0];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) m = fmaxf(m, scratch[w]);
+    __syncthreads();
+    return m;
+}
+
+// The best expert not yet taken, by `before`; every thread gets it. bi = -1 only when none is left.
+__device__ __forceinline__ int block_best(const float* sel, const unsigned char* taken, int E, float* red_v,
+                                          int* red_i) {
+    constexpr int NW = ROUTE_THREADS / 32;
+    float bv = 0.f;
+    int bi = -1;
+    for (int e = threadIdx.x; e < E; e += ROUTE_THREADS)
+        if (!taken[e] && (bi < 0 || before(sel[e], e, bv, bi))) bv = sel[e], bi = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {  // `before` is a strict order: both lanes of a pair keep the same one
+        const float ov = __shfl_xor_sync(cm::FULL, bv, o);
+        const int oi = __shfl_xor_sync(cm::FULL, bi, o);
+        if (oi >= 0 && (bi < 0 || before(ov, oi, bv, bi))) bv = ov, bi = oi;
+    }
+    if ((threadIdx.x & 31) == 0) red_v[threadIdx.x >> 5] = bv, red_i[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    bv = red_v[0], bi = red_i[0];
+#pragma unroll
+    for (int w = 1; w < NW; ++w)
+        if (red_i[w] >= 0 && (bi < 0 || before(red_v[w], red_i[w], bv, bi))) bv = red_v[w], bi = red_i[w];
+    __syncthreads();
+    return bi;
+}
+
+// Experts of groups outside the n_used best (by the sum of their two best scores) get -inf.
+__device__ __forceinline__ void drop_groups(float* sel, int E, int n_groups, int n_used, float* gscore,
+                                            unsigned char* gdrop) {
+    const int per = E / n_groups, tid = threadIdx.x;
+    if (tid < n_groups) {
+        float a = -INFINITY, b = -INFINITY;  // the two largest, a >= b (a repeated value counts twice)
+        for (int i = 0; i < per; ++i) {
+            const float v = sel[tid * per + i];
+            if (v > a) b = a, a = v;
+            else if (v > b) b = v;
+        }
+        gscore[tid] = b + a;
+    }
+    __syncthreads();
+    if (tid < n_groups) {
+        int rank = 0;
+        for (int g = 0; g < n_groups; ++g) rank += before(gscore[g], g, gscore[tid], tid);
+        gdrop[tid] = rank >= n_used;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += ROUTE_THREADS)
+        if (gdrop[e / per]) sel[e] = -INFINITY;
+    __syncthreads();
+}
+
+__device__ __forceinline__ void route_token(const float* __restrict__ logits, int E, int k, int sigmoid,
+                                            const float* __restrict__ bias, int n_groups, int n_groups_used, int norm,
+                                            float scale, const float* __restrict__ xn, int dim,
+                                            const float* __restrict__ gate_shexp, int* __restrict__ ids,
+                                            float* __restrict__ w, float* __restrict__ sgate) {
+    constexpr int NW = ROUTE_THREADS / 32;
+    __shared__ float prob[MAX_EXPERTS], sel[MAX_EXPERTS];  // gating output; choice scores
+    __shared__ unsigned char taken[MAX_EXPERTS];
+    __shared__ float gscore[MAX_GROUPS];
+    __shared__ unsigned char gdrop[MAX_GROUPS];
+    __shared__ float red_v[NW], scratch[NW];
+    __shared__ int red_i[NW], chosen[MAX_K];
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const float* z = logits + (long long)t * E;
+
+    // probs = softmax(z) = exp(z - max) / sum, or sigmoid(z) = 1 / (1 + exp(-z)), as engine/cpu/ops.py.
+    float m = -INFINITY, s = 0.f;
+    if (!sigmoid) {
+        for (int e = tid; e < E; e += ROUTE_THREADS) m = fmaxf(m, z[e]);
+        m = block_max<NW>(m, scratch);
+    }
+    for (int e = tid; e < E; e += ROUTE_THREADS) {
+        const float p = sigmoid ? 1.f / (1.f + expf(-z[e])) : expf(z[e] - m);
+        prob[e] = p;
+        s += p;
+    }
+    if (!sigmoid) {
+        s = cm::block_sum<NW>(s, scratch);
+        for (int e = tid; e < E; e += ROUTE_THREADS) prob[e] = prob[e] / s;  // each thread its own entries
+    }
+    for (int e = tid; e < E; e += ROUTE_THREADS) {
+        sel[e] = bias ? prob[e] + bias[e] : prob[e];
+        taken[e] = 0;
+    }
+    __syncthreads();
+    if (n_groups > 1) drop_groups(sel, E, n_groups, n_groups_used, gscore, gdrop);
+
+    for (int j = 0; j < k; ++j) {
+        const int best = block_best(sel, taken, E, red_v, red_i);
+        if (tid == 0) chosen[j] = best, taken[best] = 1;  // k <= E: one is always left
+        __syncthreads();
+    }
+
+    // weights = probs of the chosen (/ max(sum, 2^-14), when norm) (* scale), in slot order.
+    if (tid == 0) {
+        float sum = 0.f;
+        for (int j = 0; j < k; ++j) sum += prob[chosen[j]];
+        const float d = fmaxf(sum, 6.103515625e-5f);
+        for (int j = 0; j < k; ++j) {
+            float v = prob[chosen[j]];
+            if (norm) v = v / d;
+            if (scale != 1.f) v = v * scale;
+            ids[(long long)t * k + j] = chosen[j];
+            w[(long long)t * k + j] = v;
+        }
+    }
+    // The shared expert's gate: sigmoid(gate_shexp . xn[t]).
+    if (gate_shexp) {
+        float d = 0.f;
+        for (int c = tid; c < dim; c += ROUTE_THREADS) d = fmaf(xn[(long long)t * dim + c], gate_shexp[c], d);
+        d = cm::block_sum<NW>(d, scratch);
+        if (tid == 0) sgate[t] = 1.f / (1.f + expf(-d));
+    }
+}
+
+__device__ __forceinline__ void group_rows(const int* __restrict__ ids, int n_items, int k, int E, int max_tiles,
+                                           int* __restrict__ offsets, int* __restrict__ perm_tok,
+                                           int* __restrict__ inv, int* __restrict__ tiles) {
+    __shared__ int cnt[MAX_EXPERTS], fill[MAX_EXPERTS], tstart[MAX_EXPERTS];
+    __shared__ int n_tiles;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int e = tid; e < E; e += GROUP_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < n_items; i += GROUP_THREADS) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    if (warp == 0) {  // exclusive scans of the rows and of the tiles per expert, 32 experts a step
+        int rows = 0, tls = 0;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + lane, c = e < E ? cnt[e] : 0, nt = (c + TILE_ROWS - 1) / TILE_ROWS;
+            int rc = c, rt = nt;  // inclusive scans over the lanes
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int a = __shfl_up_sync(cm::FULL, rc, o), b = __shfl_up_sync(cm::FULL, rt, o);
+                if (lane >= o) rc += a, rt += b;
+            }
+            if (e < E) {
+                fill[e] = rows + rc - c;
+                tstart[e] = tls + rt - nt;
+                offsets[e] = rows + rc - c;
+            }
+            rows += __shfl_sync(cm::FULL, rc, 31);
+            tls += __shfl_sync(cm::FULL, rt, 31);
+        }
+        if (lane == 0) offsets[E] = rows, n_tiles = tls;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += GROUP_THREADS)
+        for (int m = 0; m * TILE_ROWS < cnt[e]; ++m) {
+            int* tl = tiles + 3LL * (tstart[e] + m);
+            tl[0] = e, tl[1] = fill[e] + m * TILE_ROWS, tl[2] = fill[e] + cnt[e];
+        }
+    for (int y = n_tiles + tid; y < max_tiles; y += GROUP_THREADS) {
+        int* tl = tiles + 3LL * y;
+        tl[0] = -1, tl[1] = 0, tl[2] = 0;
+    }
+    __syncthreads();  // fill[] is the tiles' row offsets until here; the placement below advances it
+    if (warp == 0) {
+        for (int i0 = 0; i0 < n_items; i0 += 32) {
+            const int i = i0 + lane;
+            const bool ok = i < n_items;
+            const int e = ok ? ids[i] : -1;
+            const unsigned peers = __match_any_sync(cm::FULL, e);
+            const int rank = __popc(peers & ((1u << lane) - 1u));  // earlier lanes with the same expert
+            const int base = ok ? fill[e] : 0;
+            __syncwarp();
+            if (ok && rank == 0) fill[e] = base + __popc(peers);
+            __syncwarp();
+            if (ok) {
+                perm_tok[base + rank] = i / k;
+                inv[i] = base + rank;
+            }
+        }
+    }
+}
+
+}  // namespace moe
