@@ -183,7 +183,7 @@ class Engine:
                         scores[j] += math.fsum(float(s) for s in self.runner.forward(ids[:-1], "all", ids[1:]))
             done_at = timing.now()
         probs = system1.probabilities(scores, temperature)
-        best = system1.best_index(probs)
+        best = system1.best_index(scores)
         result = {
             "candidates": [
                 {"idx": i, "text": text, "token_ids": ids, "score": s, "probability": p}

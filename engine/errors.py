@@ -3,6 +3,9 @@ kinds."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 
 class EngineError(Exception):
     """Base class; `kind` is the machine-readable category reported as `error_kind`."""
@@ -14,6 +17,22 @@ class GGUFError(EngineError):
     """The file is not a well-formed GGUF (bad magic, truncated, absurd counts, ...)."""
 
     kind = "gguf"
+
+
+class NonFiniteLogits(GGUFError):
+    """The model computed NaN or infinite logits: its weights (or what they overflow to) are broken, which is the
+    model file's fault, never the request's."""
+
+    def __init__(self, what: str = "logits"):
+        super().__init__(f"the model's {what} are not finite (NaN or infinity): its weights are broken")
+
+
+def naming_file(error: EngineError, path: str) -> EngineError:
+    """`error` (same object, same type) with its message prefixed by the model file's path, unless it names it."""
+    message = str(error)
+    if path not in message:
+        error.args = (f"{path}: {message}",)
+    return error
 
 
 class UnsupportedArchitecture(EngineError):
@@ -51,11 +70,10 @@ class OutOfMemory(EngineError):
     kind = "out_of_memory"
 
 
-def env_int(name: str, default: int, minimum: int = 0) -> int:
-    """An integer setting from the environment; a malformed one is an `invalid_input` error naming it."""
-    import os
-
-    raw = os.environ.get(name)
+def env_int(name: str, default: int, minimum: int = 0, env: Mapping[str, str] | None = None) -> int:
+    """An integer setting from the environment (`env`, default os.environ); a malformed one is an `invalid_input`
+    error naming the variable: every setting of the engine and the worker fails the same way."""
+    raw = (os.environ if env is None else env).get(name)
     if raw is None or raw.strip() == "":
         return default
     try:

@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, NonFiniteLogits
 
 _MASK64 = (1 << 64) - 1
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
@@ -61,10 +61,12 @@ def sample(logits, params: SamplingParams, step: int) -> int:
     k-th largest z (top-k; ties at the boundary stay in), then the smallest set of the most likely of those whose
     probability mass reaches top_p (again with ties), and draw from them in ascending id order with
     u = uniform(seed, step). Thresholds rather than a sorted list let the device sampler do the same with
-    selection passes instead of a sort.
+    selection passes instead of a sort. NaN or infinite logits are the model's fault: NonFiniteLogits.
     """
     import numpy as np
 
+    if not np.isfinite(logits).all():  # argmax would pick the first NaN: a token made of nothing
+        raise NonFiniteLogits()
     if params.greedy:
         return int(np.argmax(logits))
     # float64: a temperature near zero must not overflow z to inf (then inf - inf = NaN); it must act greedy.

@@ -2,7 +2,8 @@
 
 score = raw logit of the candidate's first token after the prompt, plus, for a multi-token candidate, the raw
 logit of each later token with the earlier ones teacher-forced. probability = softmax(score / T) over the
-candidates only; entropy in bits; ties for the best go to the last maximum.
+candidates only; entropy in bits; the best is the highest score, ties going to the last maximum (by score, not by
+probability: at an extreme temperature distinct scores underflow to equal probabilities).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, NonFiniteLogits
 
 
 def candidate_ids(encode, prompt: str, candidates: Sequence[str]) -> list[list[int]]:
@@ -33,8 +34,8 @@ def candidate_ids(encode, prompt: str, candidates: Sequence[str]) -> list[list[i
 def probabilities(scores: Sequence[float], temperature: float) -> list[float]:
     if not (math.isfinite(temperature) and temperature > 0):
         raise InvalidInput(f"system1 temperature must be a finite number > 0, got {temperature}")
-    if not all(math.isfinite(s) for s in scores):
-        raise InvalidInput("a candidate score is not finite")
+    if not all(math.isfinite(s) for s in scores):  # the model's logits, not the request, are at fault
+        raise NonFiniteLogits("candidate scores (logits)")
     m = max(scores)
     e = [math.exp((s - m) / temperature) for s in scores]
     total = sum(e)
@@ -45,10 +46,10 @@ def entropy_bits(probs: Sequence[float]) -> float:
     return 0.0 - sum(p * math.log2(p) for p in probs if p > 0.0)  # 0.0 - 0.0: no "-0.0" for a certain answer
 
 
-def best_index(probs: Sequence[float]) -> int:
-    """Index of the largest probability; on a tie the last one."""
+def best_index(scores: Sequence[float]) -> int:
+    """Index of the largest score; on a tie the last one."""
     best = 0
-    for i, p in enumerate(probs):
-        if p >= probs[best]:
+    for i, s in enumerate(scores):
+        if s >= scores[best]:
             best = i
     return best

@@ -4,6 +4,7 @@ The template is Jinja and is rendered the way Hugging Face's `apply_chat_templat
 templates shipped in GGUF files are written against:
 - an `ImmutableSandboxedEnvironment` (a template can read its data but not call methods that change it, nor reach
   Python internals), `trim_blocks` and `lstrip_blocks`, the loop-controls extension (`{% break %}`/`{% continue %}`);
+  here bounded in size, steps and time (engine/text/sandbox.py): the template is the model file's code;
 - globals `raise_exception(msg)` and `strftime_now(fmt)`, and a `tojson` filter that keeps non-ASCII text and does
   not HTML-escape (Jinja's own would turn `<` into `\\u003c` inside a prompt);
 - variables `messages`, `bos_token`, `eos_token`, `add_generation_prompt`, plus any extra the caller passes (e.g.
@@ -24,7 +25,12 @@ from typing import Any
 
 from engine.errors import InvalidInput, TokenizerError
 
-RESERVED = frozenset({"messages", "bos_token", "eos_token", "add_generation_prompt", "raise_exception"})
+# Names a caller's extra variables may not take: the engine's own variables and globals, Jinja's globals, and the
+# parameter names of render() / Template.render(), which would collide as keyword arguments.
+RESERVED = frozenset({"messages", "bos_token", "eos_token", "add_generation_prompt", "raise_exception",
+                      "strftime_now", "range", "dict", "cycler", "joiner", "namespace", "lipsum", "self",
+                      "template"})  # fmt: skip
+MAX_STRFTIME_FORMAT = 256
 
 
 class _TemplateRaised(Exception):
@@ -41,6 +47,8 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
 
 
 def _strftime_now(fmt: str) -> str:
+    if not isinstance(fmt, str) or len(fmt) > MAX_STRFTIME_FORMAT:
+        raise TypeError(f"strftime_now takes a format string of at most {MAX_STRFTIME_FORMAT} characters")
     return datetime.now().strftime(fmt)
 
 
@@ -48,16 +56,21 @@ def _strftime_now(fmt: str) -> str:
 def _compile(source: str):
     """The compiled template (one per distinct source: a worker serves one model, so this compiles once)."""
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
+    from engine.text import sandbox
+
+    env = sandbox.BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.add_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:
-        return env.from_string(source)
+        return sandbox.compile_template(env, source)
+    except sandbox.TemplateLimit as e:
+        raise TokenizerError(f"the model's chat template was stopped: {e}") from None
     except jinja2.TemplateError as e:
         raise TokenizerError(f"the model's chat template does not compile: {e}") from None
+    except RecursionError:
+        raise TokenizerError("the model's chat template is nested too deeply to compile") from None
 
 
 def chatml(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
@@ -81,9 +94,14 @@ def render(template: str | None, messages: Sequence[Mapping[str, Any]], bos_toke
     compiled = _compile(template)
     from jinja2.exceptions import SecurityError
 
+    from engine.text import sandbox
+
+    variables = dict(messages=[dict(m) for m in messages], bos_token=bos_token, eos_token=eos_token,
+                     add_generation_prompt=add_generation_prompt, **extra)  # fmt: skip
     try:
-        return compiled.render(messages=[dict(m) for m in messages], bos_token=bos_token, eos_token=eos_token,
-                               add_generation_prompt=add_generation_prompt, **extra)  # fmt: skip
+        return sandbox.render(compiled, variables)
+    except sandbox.TemplateLimit as e:
+        raise TokenizerError(f"the model's chat template was stopped: {e}") from None
     except _TemplateRaised as e:
         raise InvalidInput(f"the chat template refused these messages: {e}") from None
     except SecurityError as e:

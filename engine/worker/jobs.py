@@ -12,40 +12,86 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from engine.errors import InvalidInput
+from engine.text.chat import RESERVED
 from engine.worker.limits import Limits
 
 MAX_MESSAGES = 1024
+MAX_CONTENT_PARTS = 256  # text parts of one message
 MAX_STOPS = 16
 MAX_STOP_CHARS = 512
 MAX_TEMPLATE_KWARGS = 16
 MAX_ERRORS_SHOWN = 5
 SEED_LIMIT = 1 << 63
+# Shape bounds checked before pydantic (see _check_shape): generous for any real job, small enough that rejecting
+# the worst job they allow costs milliseconds.
+MAX_NODES = 1 << 16  # values (of any type) in one job
+MAX_KEYS = 64  # keys of one object (the largest schema has ~25 fields)
+MAX_KEY_CHARS = 128
+MAX_DEPTH = 16  # the deepest real path is openai_input.messages.N.content.N.text
 
 
-def _check_unicode(raw: Any) -> None:
-    """JSON may carry lone surrogates ("\\ud800") that no tokenizer can take: refuse them up front, naming where."""
-    stack = [((), raw)]
+def _check_shape(raw: Any, limits: Limits) -> None:
+    """Bound the job's shape before pydantic sees it, naming where a bound is crossed.
+
+    pydantic validates element by element and records one error per bad element, so a wrong-typed list of millions
+    costs seconds and gigabytes; here every list and object is checked by its length first (O(1)), and the whole
+    walk stops at MAX_NODES values. Strings are bounded by MAX_PROMPT_CHARS each (no field may hold more) and must
+    be valid Unicode: JSON may carry lone surrogates ("\\ud800") that no tokenizer can take.
+    """
+    named = {"candidates": (limits.max_candidates, " (MAX_CANDIDATES)"), "messages": (MAX_MESSAGES, ""),
+             "content": (MAX_CONTENT_PARTS, ""), "stop": (MAX_STOPS, "")}  # fmt: skip
+    any_list = max(MAX_MESSAGES, limits.max_candidates)
+    stack: list[tuple[tuple, Any]] = [((), raw)]
+    seen = 0
     while stack:
         path, value = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise InvalidInput(f"invalid job input: more than {MAX_NODES} values in one job")
+        if len(path) > MAX_DEPTH:
+            raise InvalidInput(f"invalid job input: {_where(path)}: nested deeper than {MAX_DEPTH} levels")
         if isinstance(value, dict):
-            stack.extend(((*path, k), v) for k, v in value.items())
-            stack.extend(((*path, k), k) for k in value)
+            if len(value) > MAX_KEYS:
+                raise InvalidInput(f"invalid job input: {_where(path)}: {len(value)} keys; at most {MAX_KEYS}")
+            for k, v in value.items():
+                if isinstance(k, str):
+                    _check_text(k, path, MAX_KEY_CHARS, " (object key)")
+                stack.append(((*path, k), v))
         elif isinstance(value, list):
+            limit, var = named.get(path[-1], (any_list, "")) if path else (any_list, "")
+            if len(value) > limit:
+                raise InvalidInput(f"invalid job input: {_where(path)}: {len(value)} items; the limit{var} is {limit}")
             stack.extend(((*path, i), v) for i, v in enumerate(value))
         elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                where = ".".join(str(p) for p in path) or "input"
-                raise InvalidInput(f"invalid job input: {where}: text must be valid Unicode (lone surrogate)") from None
+            _check_text(value, path, limits.max_prompt_chars, " (MAX_PROMPT_CHARS)")
+
+
+def _where(path: tuple) -> str:
+    return ".".join(str(p)[:MAX_KEY_CHARS] for p in path) or "input"
+
+
+def _check_text(text: str, path: tuple, limit: int, var: str) -> None:
+    if len(text) > limit:
+        raise InvalidInput(f"invalid job input: {_where(path)} has {len(text)} characters; the limit{var} is {limit}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"invalid job input: {_where(path)}: text must be valid Unicode (lone surrogate)") from None
+
+
+def _no_reserved(kwargs: dict[str, Any]) -> dict[str, Any]:
+    clash = RESERVED.intersection(kwargs)
+    if clash:
+        raise ValueError(f"{sorted(clash)} are set by the engine and cannot be passed")
+    return kwargs
 
 
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 Scalar = bool | int | float | str | None
-TemplateKwargs = Annotated[dict[str, Scalar], Field(max_length=MAX_TEMPLATE_KWARGS)]
+TemplateKwargs = Annotated[dict[str, Scalar], Field(max_length=MAX_TEMPLATE_KWARGS), AfterValidator(_no_reserved)]
 
 
 class _Strict(BaseModel):
@@ -73,7 +119,7 @@ class TextPart(_Strict):
 
 class Message(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
 
     @property
@@ -294,7 +340,7 @@ def parse(raw: Any, limits: Limits | None = None) -> Job:
     limits = limits or Limits()
     if not isinstance(raw, dict):
         raise InvalidInput(f"job input must be a JSON object, got {type(raw).__name__}")
-    _check_unicode(raw)
+    _check_shape(raw, limits)
     if "openai_route" in raw:
         job = _validate(_OpenAIJob, raw, limits)
         model = _OPENAI_MODELS[job.openai_route]

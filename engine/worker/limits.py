@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from engine.errors import EngineError
+from engine.errors import env_int
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,5 @@ class Limits:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Limits:
-        values = {}
-        for f in fields(cls):
-            var = f.name.upper()
-            raw = env.get(var, "").strip()
-            if not raw:
-                continue
-            if not raw.isdigit() or int(raw) < 1:
-                raise EngineError(f"{var} must be a positive integer, got {raw!r}")
-            values[f.name] = int(raw)
-        return cls(**values)
+        """A malformed setting is an `invalid_input` error naming the variable, as every setting's is."""
+        return cls(**{f.name: env_int(f.name.upper(), f.default, minimum=1, env=env) for f in fields(cls)})
