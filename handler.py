@@ -1,9 +1,12 @@
-"""Runpod serverless worker: the engine is loaded once, at import (once per cold worker); `handler(job)` runs jobs.
+"""Runpod serverless worker: the engine is loaded once, at import (once per cold worker); `handler(job)`, an async
+generator, runs each job a step at a time on the engine thread (engine/worker/aio.py), so cancels and timeouts land
+within one decode step.
 
 Local modes (no GPU needed; the CPU backend answers):
     python handler.py                                  # runs ./test_input.json
     python handler.py --test_input '{"input": {...}}'  # runs that job
-    python handler.py --rp_serve_api --rp_api_port 8000 --rp_api_host 127.0.0.1   # POST /runsync, /run, /stream
+    python handler.py --rp_serve_api --rp_api_port 8000 --rp_api_host 127.0.0.1   # POST /runsync, /run, /stream,
+                                                                                   # /status, /cancel
 Job schemas, env settings and deployment: serverless/README.md.
 """
 
@@ -20,20 +23,23 @@ _imports = serverless.RunpodImport(
     warm=("jinja2", "jinja2.sandbox"),  # chat templates: imported while the worker waits for its first job
 )
 
-from engine.worker.service import Worker  # noqa: E402 - after the background imports have started
+from engine.worker.aio import EngineThread  # noqa: E402 - after the background imports have started
+from engine.worker.service import Worker  # noqa: E402
 
 timing.mark_imports_done()
 worker = Worker.load()
+engine_thread = EngineThread()
 runpod = _imports.wait()
 worker.boot.update(_imports.phases(), process_start_to_worker_ready_ms=timing.since_process_start_ms())
 
 config = {"return_aggregate_stream": True}
 
 
-def handler(job):
+async def handler(job):
     """Yields the job's outputs (one result, or stream batches then the result); errors as the last output."""
     job_input = job.get("input") if isinstance(job, dict) else None
-    yield from serverless.for_runpod(worker.run(job_input), config)
+    async for out in engine_thread.drive(serverless.for_runpod(worker.run(job_input), config)):
+        yield out
 
 
 config["handler"] = handler

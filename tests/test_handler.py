@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -25,6 +26,11 @@ def hm():
 @pytest.fixture(scope="module")
 def handler(hm):
     return hm.handler
+
+
+def sent(worker: Worker, job_input) -> list:
+    """What `Worker.run` hands the SDK: its outputs without the None ticks between engine steps."""
+    return [out for out in worker.run(job_input) if out is not None]
 
 
 def one(handler, job_input) -> dict:
@@ -157,27 +163,31 @@ def test_a_cuda_fault_recycles_the_worker(handler, hm, monkeypatch):
 
 
 def test_an_abandoned_stream_gives_the_engine_back(handler, hm):
-    gen = handler({"id": "x", "input": {"prompt": PROMPT, "max_tokens": 16, "stream": True}})
-    next(gen)
-    assert hm.worker.engine._lock.locked()
-    gen.close()
-    assert not hm.worker.engine._lock.locked()
+    async def first_then_abandon():
+        gen = handler({"id": "x", "input": {"prompt": PROMPT, "max_tokens": 16, "stream": True}})
+        await gen.__anext__()
+        locked = hm.worker.engine._lock.locked()
+        await gen.aclose()
+        return locked
+
+    assert asyncio.run(first_then_abandon())
+    assert hm.engine_thread.wait_idle(10) and not hm.worker.engine._lock.locked()
 
 
 def test_cold_start_is_on_the_first_result_only_with_the_worker_phases(monkeypatch):
     monkeypatch.setenv("MAX_SEQ_LEN", "64")
     w = Worker.load(TINY)
     w.boot.update(runpod_import_ms=1.0, process_start_to_worker_ready_ms=2.0)
-    (err,) = w.run({"prompt": 1})
+    (err,) = sent(w, {"prompt": 1})
     assert err["error_kind"] == "invalid_input"
-    (first,) = w.run({"prompt": PROMPT, "max_tokens": 2})
+    (first,) = sent(w, {"prompt": PROMPT, "max_tokens": 2})
     cold = first["cold_start"]
     for key in ("imports_ms", "gguf_open_ms", "model_load_ms", "process_start_to_ready_ms", "prompt_eval_ms",
                 "process_start_to_first_token_ms", "process_start_to_first_job_ms"):  # fmt: skip
         assert isinstance(cold[key], float) and cold[key] >= 0, key
     assert cold["runpod_import_ms"] == 1.0 and cold["process_start_to_worker_ready_ms"] == 2.0
     assert cold["process_start_to_first_token_ms"] >= cold["process_start_to_first_job_ms"]
-    (second,) = w.run({"prompt": PROMPT, "candidates": [" Paris"]})
+    (second,) = sent(w, {"prompt": PROMPT, "candidates": [" Paris"]})
     assert second["cold_start"] is None
 
 
@@ -204,7 +214,7 @@ def test_a_model_that_does_not_load_fails_every_job_and_the_fitness_check(tmp_pa
     bad.write_bytes(b"not a gguf file at all")
     for path, kind in ((str(bad), "gguf"), (str(tmp_path / "missing.gguf"), None)):
         w = Worker.load(path)
-        (out,) = w.run({"prompt": PROMPT})
+        (out,) = sent(w, {"prompt": PROMPT})
         assert out["error_kind"] == (kind or out["error_kind"]) and out["error"]
         with pytest.raises(RuntimeError, match="the engine did not load"):
             w.check_ready()
@@ -216,10 +226,16 @@ def test_sdk_adapters():
                                        {"never": 1}], config))  # fmt: skip
     assert outs[0] == {"text": "a"} and json.loads(outs[1]["error"]) == {"error": "m", "error_kind": "cuda"}
     assert len(outs) == 2 and config["refresh_worker"] is True
-    collect = serverless.collecting(lambda job: iter([1, 2]))
-    assert collect({}) == [1, 2]
-    collect = serverless.collecting(lambda job: iter([1, {"error": "e", "error_kind": "internal"}]))
-    assert collect({}) == {"error": "e", "error_kind": "internal"}
+    def outputs(*items):
+        async def gen(job):
+            for item in items:
+                yield item
+
+        return gen
+
+    assert asyncio.run(serverless.collecting(outputs(1, 2))({})) == [1, 2]
+    failing = serverless.collecting(outputs(1, {"error": "e", "error_kind": "internal"}))
+    assert asyncio.run(failing({})) == {"error": "e", "error_kind": "internal"}
     local = serverless.local_test_mode
     assert local(["handler.py"], {}) and local(["h", "--test_input", "{}"], {"RUNPOD_WEBHOOK_GET_JOB": "u"})
     assert not local(["h"], {"RUNPOD_WEBHOOK_GET_JOB": "u"})
@@ -246,5 +262,5 @@ def test_batches_close_what_they_merge():
         finally:
             closed.append(True)
 
-    out = worker_mod.batches(chunks())
+    out = [b for b in worker_mod.batches(chunks()) if b is not None]
     assert [len(b["token_ids"]) for b in out] == [1, 3, 9, 27, 48, 12] and closed == [True]

@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 from engine.errors import ERROR_KINDS
+from engine.worker.aio import collect
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "fixtures", "qwen3-tiny-q8_0.gguf")
@@ -44,7 +45,8 @@ def handler_module():
 
 
 def run_job(handler, job_input) -> list:
-    return list(handler({"id": "test", "input": job_input}))
+    """Every output of the async generator handler for one job."""
+    return collect(handler, {"id": "test", "input": job_input})
 
 
 def typed_error(output) -> dict | None:

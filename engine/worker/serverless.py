@@ -127,7 +127,8 @@ class RunpodImport:
 
 
 def for_runpod(outputs: Iterable[Any], config: dict) -> Iterator[Any]:
-    """Pass outputs through; an error becomes the SDK-proof form and, after a CUDA fault, recycles the worker."""
+    """Pass outputs (and None ticks) through; an error becomes the SDK-proof form and, after a CUDA fault, recycles
+    the worker."""
     for out in outputs:
         if isinstance(out, dict) and "error" in out:
             if out.get("refresh_worker"):
@@ -146,11 +147,11 @@ def local_test_mode(argv: list[str], env: dict | os._Environ = os.environ) -> bo
 
 
 def collecting(handler: Callable) -> Callable:
-    """A non-generator form of a generator handler: the outputs as a list (as /runsync aggregates them), or the
-    error output itself, so the SDK's local test mode sees the error and exits 1."""
+    """A non-generator form of an async generator handler: the outputs as a list (as /runsync aggregates them), or
+    the error output itself, so the SDK's local test mode sees the error and exits 1."""
 
-    def run(job: dict) -> Any:
-        outputs = list(handler(job))
+    async def run(job: dict) -> Any:
+        outputs = [out async for out in handler(job)]
         if outputs and isinstance(outputs[-1], dict) and "error" in outputs[-1]:
             return outputs[-1]
         return outputs
@@ -158,9 +159,61 @@ def collecting(handler: Callable) -> Callable:
     return run
 
 
+def cancellable_dev_api(rp_fastapi: types.ModuleType) -> type:
+    """The SDK's local API server (`--rp_serve_api`) plus `POST /cancel/{job_id}`, which the platform has and the
+    dev server lacks: `/status/ID` and `/stream/ID` run their job in a task of its own, and a cancel cancels that
+    task as the platform's stop channel does (the SDK's JobScaler cancels the job's task); the waiting request then
+    answers `{"id", "status": "CANCELLED"}`."""
+    import asyncio
+
+    class CancellableAPI(rp_fastapi.WorkerAPI):
+        def __init__(self, config: dict):
+            super().__init__(config)
+            self.running: dict[str, asyncio.Task] = {}
+            self.cancelled: set[str] = set()
+            self.rp_app.add_api_route("/cancel/{job_id}", self._sim_cancel, methods=["POST"])
+
+        async def _sim_status(self, job_id: str):
+            return await self._cancellable(job_id, super()._sim_status)
+
+        async def _sim_stream(self, job_id: str):
+            return await self._cancellable(job_id, super()._sim_stream)
+
+        async def _cancellable(self, job_id: str, route: Callable):
+            task = asyncio.ensure_future(route(job_id))
+            self.running[job_id] = task
+            try:
+                return await task
+            except asyncio.CancelledError:
+                if job_id not in self.cancelled:  # this request itself was cancelled (shutdown): not ours to hide
+                    raise
+                rp_fastapi.job_list.remove(job_id)
+                return {"id": job_id, "status": "CANCELLED"}
+            finally:
+                self.running.pop(job_id, None)
+                self.cancelled.discard(job_id)
+
+        async def _sim_cancel(self, job_id: str):
+            task = self.running.get(job_id)
+            if task is not None:
+                self.cancelled.add(job_id)
+                task.cancel()
+            elif rp_fastapi.job_list.get(job_id) is not None:  # queued by /run, not started: just drop it
+                rp_fastapi.job_list.remove(job_id)
+            else:
+                return {"id": job_id, "status": "FAILED", "error": "Job ID not found"}
+            return {"id": job_id, "status": "CANCELLED"}
+
+    return CancellableAPI
+
+
 def start(runpod: types.ModuleType, config: dict, worker) -> None:
     """Register the engine's fitness check and hand over to the SDK (blocks for the worker's lifetime)."""
     runpod.serverless.register_fitness_check(worker.check_ready)
     if local_test_mode(sys.argv):
         config = {**config, "handler": collecting(config["handler"])}
+    if "--rp_serve_api" in sys.argv:
+        from runpod.serverless.modules import rp_fastapi
+
+        rp_fastapi.WorkerAPI = cancellable_dev_api(rp_fastapi)  # the SDK builds its server from this name
     runpod.serverless.start(config)

@@ -1,6 +1,8 @@
 """The serverless worker's job runner: one loaded engine; docs/design.md §4 job inputs in, results or typed errors out.
 
-`Worker.run(job_input)` is a generator of outputs, which is the shape a streaming Runpod handler needs:
+`Worker.run(job_input)` is a generator of outputs, which is the shape a streaming Runpod handler needs; each `next()`
+does at most one engine step, and a step that produces nothing to send yields None (engine/worker/aio.py drives it
+off the event loop, so a cancel lands between two steps):
 - system1, non-streamed generate and non-streamed OpenAI jobs yield exactly one result;
 - a streamed generate (`"stream": true`) yields `{"text", "token_ids"}` batches of 1, 3, 9, 27, then 48 tokens
   (per-yield HTTP cost stays small while the first token still leaves at once), then the full result;
@@ -16,20 +18,20 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from engine import timing
 from engine.engine import Engine
 from engine.errors import CudaError, EngineError
 from engine.worker.limits import Limits
+from engine.worker.vllm import Settings, batch_output, is_vllm_job
 
 if TYPE_CHECKING:
     from engine.worker import jobs
 
 log = logging.getLogger(__name__)
 
-BAKED_MODEL = "/models/model.gguf"  # where the Docker image puts its model
 STREAM_FIRST, STREAM_GROWTH, STREAM_LARGEST = 1, 3, 48  # tokens per streamed batch: 1, 3, 9, 27, 48, 48, ...
 
 
@@ -47,8 +49,9 @@ def error_output(e: BaseException) -> dict:
 
 
 def batches(chunks: Iterable[dict], first: int = STREAM_FIRST, growth: int = STREAM_GROWTH,
-            largest: int = STREAM_LARGEST) -> Iterator[dict]:  # fmt: skip
-    """Merge the engine's per-token `{"text", "token_ids"}` chunks into batches of growing size."""
+            largest: int = STREAM_LARGEST) -> Iterator[dict | None]:  # fmt: skip
+    """Merge the engine's per-token `{"text", "token_ids"}` chunks into batches of growing size; a token that does
+    not complete a batch yields None (a step done: see engine/worker/aio.py)."""
     it = iter(chunks)
     try:
         size, text, ids = first, [], []
@@ -58,6 +61,8 @@ def batches(chunks: Iterable[dict], first: int = STREAM_FIRST, growth: int = STR
             if len(ids) >= size:
                 yield {"text": "".join(text), "token_ids": ids}
                 size, text, ids = min(size * growth, largest), [], []
+            else:
+                yield None
         if ids or any(text):
             yield {"text": "".join(text), "token_ids": ids}
     finally:  # an abandoned stream must give the engine's lock back now, not when garbage-collected
@@ -78,19 +83,33 @@ class Worker:
         # The worker's own cold-start phases (set by the entry point) go into the engine's one record.
         self.boot: dict[str, Any] = engine.cold_start if engine is not None else {}
         self._first_job_seen = False
+        self.settings = Settings()
 
     @classmethod
-    def load(cls, model_path: str | None = None) -> Worker:
-        """Engine from `model_path`, else MODEL_PATH, else the image's baked model, else the bundled default.
+    def load(cls, model_path: str | None = None, env: Mapping[str, str] = os.environ) -> Worker:
+        """Engine from `model_path`, else the model the environment names (engine/worker/models.py: MODEL_PATH,
+        MODEL_NAME + MODEL_FILE, the image's baked model), else the bundled default; settings from the
+        environment, worker-vllm's names included (engine/worker/vllm.py).
 
         A failure to load is kept, not raised: every job then answers with it (typed), and the fitness check
         (`check_ready`) fails so the platform replaces the worker.
         """
-        path = model_path or os.environ.get("MODEL_PATH") or (BAKED_MODEL if os.path.exists(BAKED_MODEL) else None)
-        served = os.environ.get("SERVED_MODEL_NAME") or None
+        from engine.worker import models, vllm
+
+        served = None
         try:
-            limits = Limits.from_env()
-            return cls(Engine.load(path), limits, served_name=served)
+            settings = vllm.Settings.from_env(env)
+            served = settings.served_name
+            resolved = models.Resolved(model_path, "path") if model_path else models.resolve(env)
+            if resolved is not None and resolved.source != "path":
+                models.ensure_prepared(resolved.path)
+            engine = Engine.load(resolved.path if resolved else None, max_seq_len=settings.max_seq_len)
+            if settings.chat_template:
+                engine.tokenizer.chat_template = settings.chat_template
+            worker = cls(engine, Limits.from_env(env), served_name=served)
+            worker.settings = settings
+            worker.boot["model_source"] = resolved.source if resolved else "default"
+            return worker
         except Exception as e:
             log.exception("the engine failed to load")
             err = e if isinstance(e, EngineError) else EngineError(error_output(e)["error"])
@@ -103,7 +122,7 @@ class Worker:
 
     # -- jobs -------------------------------------------------------------------------------------------------
 
-    def run(self, job_input: Any) -> Iterator[dict | str]:
+    def run(self, job_input: Any) -> Iterator[dict | str | None]:
         if not self._first_job_seen:
             self._first_job_seen = True
             self.boot["process_start_to_first_job_ms"] = timing.since_process_start_ms()
@@ -113,6 +132,9 @@ class Worker:
         try:
             from engine.worker import jobs, openai_api
 
+            if is_vllm_job(job_input):
+                yield from self._vllm(job_input)
+                return
             job = jobs.parse(job_input, self.limits)
             if isinstance(job, jobs.System1Job):
                 result = self.engine.system1(self._prompt(job), job.candidates, temperature=job.temperature)
@@ -135,12 +157,13 @@ class Worker:
         return self.engine.apply_chat_template([m.for_template() for m in job.messages],
                                                **(job.chat_template_kwargs or {}))  # fmt: skip
 
-    def _generate(self, prompt: str, sampling: dict, stream: bool) -> Iterator[dict]:
-        if not stream:
-            yield self.engine.generate(prompt, **sampling)
-            return
+    def _generate(self, prompt: str, sampling: dict, stream: bool) -> Iterator[dict | None]:
         s = self.engine.generate_stream(prompt, **sampling)  # limits and context overflow raise here, before any yield
-        yield from batches(s)
+        if stream:
+            yield from self._batches(s)
+        else:
+            for _ in s:  # one decode step per tick
+                yield None
         yield s.result
 
     def _openai(self, req: jobs.ChatCompletionRequest | jobs.CompletionRequest) -> Iterator[dict | str]:
@@ -153,14 +176,50 @@ class Worker:
             prompt = req.text
         sampling = req.sampling(req.requested_max_tokens or self._room(prompt))
         response = openai_api.Response(req.route, self.served_name)
-        if not req.stream:
-            yield response.complete(self.engine.generate(prompt, **sampling))
-            return
         s = self.engine.generate_stream(prompt, **sampling)
-        for batch in batches(s):
-            if batch["text"]:
+        if not req.stream:
+            for _ in s:
+                yield None
+            yield response.complete(s.result)
+            return
+        for batch in self._batches(s):
+            if batch is None or not batch["text"]:
+                yield None
+            else:
                 yield openai_api.sse(response.chunk(batch["text"]))
         yield response.last_events(s.result, req.include_usage)
+
+    def _batches(self, stream) -> Iterator[dict | None]:
+        st = self.settings
+        return batches(stream, st.stream_first, st.stream_growth, st.stream_largest)
+
+    def _vllm(self, job_input: dict) -> Iterator[dict | None]:
+        """worker-vllm's native job, answered in its shape (engine/worker/vllm.py)."""
+        from engine.worker import vllm_jobs
+
+        job = vllm_jobs.parse(job_input, self.limits)
+        chat = job.chat()
+        prompt = self.engine.apply_chat_template(chat) if chat is not None else job.prompt
+        s = self.engine.generate_stream(prompt, **job.sampling_params.engine_args(self.limits))
+        st = self.settings
+        size, growth, largest = job.batch_sizes(st.stream_first, st.stream_growth, st.stream_largest)
+        texts, n_prompt, n_out = [], 0, 0
+        for chunk in s:
+            n_out += len(chunk["token_ids"])
+            n_prompt = n_prompt or len(s.stream.prompt_ids)
+            if not job.stream:
+                yield None
+                continue
+            texts.append(chunk["text"])
+            if len(texts) >= size:
+                yield batch_output(texts, n_prompt, n_out)
+                texts, size = [], min(int(size * growth), largest)
+            else:
+                yield None
+        if not job.stream:
+            yield batch_output([s.result["text"]], s.result["usage"]["prompt_tokens"], n_out)
+        elif texts:
+            yield batch_output(texts, n_prompt, n_out)
 
     def _room(self, prompt: str) -> int:
         """OpenAI's default max_tokens: whatever the context has left, up to MAX_NEW_TOKENS."""
