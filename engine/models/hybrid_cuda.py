@@ -8,14 +8,13 @@ for n <= 48, rmsnorm_rows + GEMM above):
                   -> gdn_gated_norm -> ssm_out (+x)
   gated attention: attn_q (per head [q | gate]), attn_k, attn_v -> split_groups -> qk_rope_kv (QK-norm, RoPE on the
                   first rope_dim dims, K/V cache) -> decode / prefill attention -> sigmoid_mul(gate) -> attn_output (+x)
-  FFN (post_attention_norm): dense SwiGLU, or engine/models/moe_cuda.py's MoEFFN for the MoE hybrids.
+  FFN (post_attention_norm): dense SwiGLU, or engine/models/moe_cuda.py's MoEFFN (qwen35moe, qwen3next).
 The conv and recurrent states are rewritten by every token: the runner's snapshot()/restore() save and reload them
 (`save_state` / `load_state`, device-to-device copies into buffers allocated here) and reset() zeroes them.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 from engine.config import ModelConfig
@@ -33,6 +32,7 @@ from engine.cuda.memory import DeviceArray
 from engine.cuda.upload import DeviceWeights
 from engine.errors import CudaError, UnsupportedArchitecture
 from engine.models import dense_cuda, specs
+from engine.models.moe_cuda import MoEFFN
 from engine.weights import group_by_layer, resolve
 
 
@@ -47,15 +47,6 @@ def _from(a: DeviceArray, offset: int) -> DeviceArray:
     return a.view(offset, (a.size - offset,))
 
 
-def _moe_ffn_class():
-    """engine.models.moe_cuda.MoEFFN, or None while that module does not exist."""
-    if importlib.util.find_spec("engine.models.moe_cuda") is None:
-        return None
-    from engine.models import moe_cuda
-
-    return moe_cuda.MoEFFN
-
-
 class CudaModel:
     # The LM head and the matvec-or-GEMM choice are the dense family's: the same buffers (x, normed, logits) and
     # the same weights (output, output_norm) by the same names.
@@ -67,9 +58,6 @@ class CudaModel:
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
         g = cfg.gdn
         assert g is not None
-        moe_ffn = _moe_ffn_class() if cfg.moe is not None else None
-        if cfg.moe is not None and moe_ffn is None:
-            raise UnsupportedArchitecture(f"{cfg.arch}: the mixture-of-experts FFN layers have no CUDA path yet")
         if cfg.rope_scaling.kind not in ("none", "linear") or cfg.rope_scaling.mscale != 1.0:
             raise UnsupportedArchitecture(f"{cfg.arch}: RoPE scaling '{cfg.rope_scaling.kind}' has no CUDA path yet")
         if cfg.value_dim != cfg.head_dim or g.head_k_dim not in kd.HEAD_K_DIMS or g.head_v_dim % 4:
@@ -93,8 +81,9 @@ class CudaModel:
         self.output_norm = top["output_norm"]  # (dim,) f32
         # Each layer's index among the layers of its kind: its slot in the K/V cache or in the recurrent state.
         self.slots = [g.recurrent[:i].count(kind) for i, kind in enumerate(g.recurrent)]
-        self.moe = [moe_ffn(cfg, L, max_batch) if moe_ffn is not None and "ffn_gate_inp" in L else None
-                    for L in self.layers]  # fmt: skip
+        moe = cfg.moe
+        self.moe = [MoEFFN(cfg, L, max_batch) if moe is not None and i >= moe.n_dense_leading else None
+                    for i, L in enumerate(self.layers)]  # fmt: skip
         self._allocate()
         self._saved = 0  # serial number of the state in the snapshot buffers (0: none)
 
