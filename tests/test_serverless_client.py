@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import pytest
 
+from engine.worker.aio import collect
 from tests.worker_support import ROOT, handler_module
 
 sys.path.insert(0, os.path.join(ROOT, "serverless"))
@@ -42,7 +43,7 @@ class FakeRunpod(BaseHTTPRequestHandler):
     def _finish(self, job_id: str) -> dict:
         job = self.jobs[job_id]
         if "outputs" not in job:
-            job["outputs"] = list(handler_module().handler({"id": job_id, "input": job["input"]}))
+            job["outputs"] = collect(handler_module().handler, {"id": job_id, "input": job["input"]})
         outputs = job["outputs"]
         if outputs and isinstance(outputs[-1], dict) and "error" in outputs[-1]:
             return {"id": job_id, "status": "FAILED", "error": outputs[-1]["error"], "delayTime": 5}

@@ -24,10 +24,21 @@ def _print(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
 
 
+def _model_path(model: str) -> str:
+    """A GGUF path, or `org/repo[:FILE]` found or fetched as the worker finds MODEL_NAME / MODEL_FILE
+    (engine/worker/models.py: a file name or a quant such as Q4_K_M)."""
+    from engine.worker import models
+
+    ref = models.parse_reference(model)
+    if ref is None:
+        return model
+    return models.resolve({**os.environ, "MODEL_PATH": "", **ref}).path
+
+
 def _load(args):
     from engine.engine import Engine
 
-    return Engine.load(args.model, backend=args.backend, max_seq_len=args.max_seq_len)
+    return Engine.load(_model_path(args.model), backend=args.backend, max_seq_len=args.max_seq_len)
 
 
 def cmd_system1(args) -> int:
@@ -150,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def model_cmd(name: str, help: str) -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help, description=help)
-        s.add_argument("model", help="path of a GGUF file")
+        s.add_argument("model", help="path of a GGUF file, or org/repo[:FILE or quant] from the Hugging Face cache/Hub")
         s.add_argument("--backend", choices=["auto", "cpu", "cuda"], default=None,
                        help="default: REFLEX_BACKEND, else cuda when a GPU and built kernels are present")  # fmt: skip
         s.add_argument("--max-seq-len", type=int, default=None, help="positions per sequence (default 4096)")
