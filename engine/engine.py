@@ -2,6 +2,9 @@
 
 Requests are served one at a time (a lock), each from a fresh sequence. The first result after a load carries the
 cold-start breakdown; later ones carry `cold_start: None`.
+LoRA adapters (engine/lora.py) are checked against the file before a backend is built; a prefix state
+(engine/state.py: given, or baked beside the model by `prepare --prefix`) is resumed by every request whose prompt
+ids start with its ids, and such results report `timings.prefix_tokens_reused`.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import os
 import threading
 from collections.abc import Sequence
 
-from engine import models, system1, timing
+from engine import lora as _lora
+from engine import models, state, system1, timing
 from engine.config import ModelConfig
-from engine.errors import ContextOverflow, CudaError, InvalidInput, UnsupportedArchitecture, env_int
+from engine.errors import ContextOverflow, CudaError, GGUFError, InvalidInput, UnsupportedArchitecture, env_int
 from engine.generation import GenerateStream
 from engine.prepare import file_sha256, open_model
 from engine.sampling import SamplingParams
@@ -52,15 +56,72 @@ def _start_backend(requested: str | None):
     return choice, driver.ContextStarter(env_int("REFLEX_DEVICE", 0))
 
 
-def _cuda_runner(config: ModelConfig, gf, max_seq: int, context):
+def _cuda_runner(config: ModelConfig, gf, max_seq: int, context, adapters: list[_lora.Adapter]):
     from engine.cuda import load_runner
 
-    return load_runner(config, gf, max_seq, context)
+    if adapters:
+        from engine.cuda import lora as cuda_lora
+
+        cuda_lora.check_supported(config, adapters)  # before the upload
+    runner, phases = load_runner(config, gf, max_seq, context)
+    if adapters:
+        phases["lora_ms"] = cuda_lora.attach(runner.model, adapters, runner.stream)
+    return runner, phases
+
+
+def _cpu_runner(config: ModelConfig, gf, max_seq: int, adapters: list[_lora.Adapter]):
+    from engine.cpu import lora as cpu_lora
+    from engine.cpu.runner import CpuRunner
+
+    model = models.family(config.arch).CpuModel(config, gf)
+    cpu_lora.attach(model, adapters)
+    return CpuRunner(model, max_seq)
+
+
+class _Prefix:
+    """A loaded prefix state: the file and whether it was asked for (then a mismatch is an error, not a log line)."""
+
+    def __init__(self, sf: state.StateFile, explicit: bool):
+        self.file = sf
+        self.token_ids = sf.token_ids
+        self.explicit = explicit
+
+
+def _open_prefix(path: str | None, model_path: str, sha256: str, cfg_hash: str, max_seq: int) -> _Prefix | None:
+    """The prefix state `path`, else the one baked beside the model (ignored, with a log line, when it does not
+    belong to this model, config and adapters)."""
+    explicit = path is not None
+    path = os.fspath(path) if explicit else state.prefix_path(model_path)
+    if not explicit and not os.path.exists(path):
+        return None
+    try:
+        sf = state.load(path)
+        state.check_pairing(sf, sha256, cfg_hash, max_seq)
+    except (InvalidInput, GGUFError, ContextOverflow) as e:
+        if explicit:
+            raise
+        log.warning("ignoring the prefix state beside the model: %s", e)
+        return None
+    return _Prefix(sf, explicit)
+
+
+def _checked_layout(prefix: _Prefix, runner) -> _Prefix | None:
+    """The prefix if its cache layout and arrays are what `runner` holds; a mismatch of a prefix that was asked
+    for is an error, of a baked one a log line."""
+    try:
+        state.check_layout(prefix.file, runner.state_layout, runner.state_spec(prefix.file.n_positions))
+    except (InvalidInput, UnsupportedArchitecture) as e:
+        if prefix.explicit:
+            raise
+        log.warning("ignoring the prefix state beside the model: %s", e)
+        return None
+    return prefix
 
 
 class Engine:
     def __init__(self, path: str, config: ModelConfig, tokenizer: Tokenizer, runner, model_info: dict,
-                 cold_start: dict, sha256: str | None):  # fmt: skip
+                 cold_start: dict, sha256: str | None, adapters: list | None = None,
+                 prefix: _Prefix | None = None):  # fmt: skip
         self.path = path
         self.config = config
         self.tokenizer = tokenizer
@@ -75,10 +136,16 @@ class Engine:
             self._sha_thread = threading.Thread(target=self._hash_file, daemon=True)
             self._sha_thread.start()
         self._lock = threading.Lock()
+        self.adapters = adapters or []
+        self.prefix = prefix
 
     @classmethod
-    def load(cls, path: str | None = None, backend: str | None = None, max_seq_len: int | None = None) -> Engine:
-        """Open a GGUF (through its prepare cache when valid), build the tokenizer and the chosen backend."""
+    def load(cls, path: str | None = None, backend: str | None = None, max_seq_len: int | None = None,
+             lora: Sequence[tuple[str, float]] | None = None, prefix_state: str | None = None) -> Engine:  # fmt: skip
+        """Open a GGUF (through its prepare cache when valid), build the tokenizer and the chosen backend.
+
+        lora: [(adapter_path, scale), ...] applied beside the base weights; prefix_state: a state file to resume
+        requests from (default: MODEL.reflex-prefix when present)."""
         from engine.bundled import default_model_path
 
         load_start = timing.now()
@@ -90,21 +157,27 @@ class Engine:
         config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
         limit = max_seq_len or env_int("MAX_SEQ_LEN", DEFAULT_MAX_SEQ, minimum=1)
         max_seq = max(1, min(limit, config.n_ctx))
+        adapters = _lora.open_adapters(lora, gf)  # a mismatched adapter fails here, before any allocation
+        sha256, prefix = opened.sha256, None
+        if prefix_state is not None or os.path.exists(state.prefix_path(path)):
+            sha256 = sha256 or file_sha256(path)
+            cfg_hash = state.config_hash(config, _lora.identity(adapters))
+            prefix = _open_prefix(prefix_state, path, sha256, cfg_hash, max_seq)
         cuda_phases: dict = {"cuda_init_ms": None}
         with Stopwatch() as load_sw:
             tokenizer = opened.tokenizer or Tokenizer.from_gguf(gf)
             runner = None
             if context is not None:
                 try:
-                    runner, cuda_phases = _cuda_runner(config, gf, max_seq, context)
+                    runner, cuda_phases = _cuda_runner(config, gf, max_seq, context, adapters)
                 except (CudaError, UnsupportedArchitecture) as e:
                     if chosen == "cuda":
                         raise
                     log.warning("CUDA backend unavailable (%s): using the CPU backend", e)
             if runner is None:
-                from engine.cpu.runner import CpuRunner
-
-                runner = CpuRunner(models.family(config.arch).CpuModel(config, gf), max_seq)
+                runner = _cpu_runner(config, gf, max_seq, adapters)
+            if prefix is not None:
+                prefix = _checked_layout(prefix, runner)
         imports_done = timing.IMPORTS_DONE if timing.IMPORTS_DONE is not None else load_start
         cold_start = {
             "imports_ms": (imports_done - timing.PROCESS_START) * 1000.0,
@@ -122,8 +195,10 @@ class Engine:
             "n_vocab": config.n_vocab,
             "max_seq_len": max_seq,
         }
+        if adapters:
+            info["lora"] = _lora.identity(adapters)
         log.info("loaded %s (%s) on %s in %.1f ms", path, config.arch, runner.backend, timing.ms_since(load_start))
-        engine = cls(path, config, tokenizer, runner, info, cold_start, opened.sha256)
+        engine = cls(path, config, tokenizer, runner, info, cold_start, sha256, adapters, prefix)
         # Weight bytes one decode step reads: every tensor, but of an untied token_embd only one row.
         untied_embd = 0 if config.tied_output else gf.tensor("token_embd.weight").n_bytes
         engine.bytes_per_token = sum(t.n_bytes for t in gf.tensors.values()) - untied_embd
@@ -135,11 +210,17 @@ class Engine:
         self._sha256 = file_sha256(self.path)
 
     @property
-    def model_info(self) -> dict:
+    def sha256(self) -> str | None:
+        """The model file's sha256 (waits for the hashing thread when there was no prepare cache)."""
         if self._sha_thread is not None:
             self._sha_thread.join()
             self._sha_thread = None
-        return {**self._model_info, "sha256": self._sha256[:16] if self._sha256 else None}
+        return self._sha256
+
+    @property
+    def model_info(self) -> dict:
+        sha = self.sha256
+        return {**self._model_info, "sha256": sha[:16] if sha else None}
 
     def _finish(self, result: dict, total_key: str, total_at: float) -> dict:
         """Attach model, backend and (on the first result only) the cold-start breakdown."""
@@ -159,6 +240,28 @@ class Engine:
             raise InvalidInput("the prompt encodes to no tokens: there is nothing to condition on")
         return ids
 
+    def _begin(self, prompt_ids: list[int]) -> int:
+        """Start a fresh sequence (the lock is held): from the prefix state when the prompt's ids start with its
+        ids and go on past them (the state holds no logits), else from position 0. Returns the ids reused."""
+        self.runner.reset()
+        p = self.prefix
+        if p is None or len(prompt_ids) <= len(p.token_ids) or prompt_ids[: len(p.token_ids)] != p.token_ids:
+            return 0
+        self.runner.import_state(p.file)
+        return len(p.token_ids)
+
+    def _state_header(self, ids: list[int]) -> dict:
+        return {
+            "model_sha256": self.sha256,
+            "config_hash": state.config_hash(self.config, _lora.identity(self.adapters)),
+            "layout": self.runner.state_layout,
+            "backend": self.backend,
+            "model_file": os.path.basename(self.path),
+            "lora": _lora.identity(self.adapters),
+            "n_positions": len(ids),
+            "token_ids": ids,
+        }
+
     # -- public API -----------------------------------------------------------------------------------------
 
     def system1(self, prompt: str, candidates: Sequence[str], temperature: float = 1.0) -> dict:
@@ -172,9 +275,10 @@ class Engine:
         if needed > self.max_seq:
             raise ContextOverflow(needed, self.max_seq, "the prompt plus the longest candidate")
         with self._lock:
-            self.runner.reset()
             with Stopwatch() as prompt_sw:
-                scores = [float(s) for s in self.runner.forward(prompt_ids, "last", [c[0] for c in cand_ids])]
+                reused = self._begin(prompt_ids)
+                first = [c[0] for c in cand_ids]
+                scores = [float(s) for s in self.runner.forward(prompt_ids[reused:], "last", first)]
             with Stopwatch() as forced_sw:
                 after_prompt = self.runner.snapshot()
                 for j, ids in enumerate(cand_ids):
@@ -200,6 +304,8 @@ class Engine:
                 "total_ms": tok_sw.ms + prompt_sw.ms + forced_sw.ms,
             },
         }
+        if self.prefix is not None:
+            result["timings"]["prefix_tokens_reused"] = reused
         return self._finish(result, "process_start_to_result_ms", done_at)
 
     def generate_stream(self, prompt: str, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
@@ -253,6 +359,21 @@ class Engine:
             rows += [self.runner.forward([t], "last")[None, :] for t in ids[n:]]
         return np.concatenate(rows).astype(np.float32, copy=False)
 
+    def save_state(self, prompt: str, path: str) -> dict:
+        """Run `prompt` from position 0 and write the caches after it to a state file (engine/state.py), for
+        `Engine.load(..., prefix_state=path)`. Returns a summary (path, bytes, n_positions, timings)."""
+        ids = self._encode_prompt(prompt)
+        if len(ids) > self.max_seq:
+            raise ContextOverflow(len(ids), self.max_seq, "the prompt")
+        with self._lock:
+            self.runner.reset()
+            with Stopwatch() as prompt_sw:
+                self.runner.forward(ids, "none")
+            header = self._state_header(ids)
+            with Stopwatch() as save_sw:
+                summary = state.save(path, header, self.runner.export_state())
+        return {**summary, "prompt_eval_ms": round(prompt_sw.ms, 3), "save_ms": round(save_sw.ms, 3)}
+
 
 class _LockedStream:
     """Holds the engine's lock while the generation runs and finishes the result when it ends."""
@@ -263,8 +384,16 @@ class _LockedStream:
         self.result: dict | None = None
 
     def __iter__(self):
+        prompt_ids = self.stream.prompt_ids
         with self.engine._lock:
-            self.engine.runner.reset()
-            yield from self.stream
-        first = self.stream.first_token_at
-        self.result = self.engine._finish(self.stream.result, "process_start_to_first_token_ms", first)
+            reused = self.engine._begin(prompt_ids)
+            self.stream.prompt_ids = prompt_ids[reused:]  # the stream feeds only what the cache does not hold
+            try:
+                yield from self.stream
+            finally:
+                self.stream.prompt_ids = prompt_ids
+        result = self.stream.result
+        if self.engine.prefix is not None:
+            result["usage"]["prompt_tokens"] = len(prompt_ids)
+            result["timings"]["prefix_tokens_reused"] = reused
+        self.result = self.engine._finish(result, "process_start_to_first_token_ms", self.stream.first_token_at)

@@ -2,7 +2,10 @@
 
 `KVCache` holds attention keys/values, `LatentCache` MLA's compressed rows, `HybridCache` a KVCache for the
 attention layers plus the recurrent state (conv windows and delta-rule matrices) of the Gated DeltaNet layers.
-All share one protocol: `reserve(n)`, `reset()`, `snapshot()` / `restore(state)`.
+All share one protocol: `reserve(n)`, `reset()`, `snapshot()` / `restore(state)`, and for state files
+(engine/state.py) `STATE_LAYOUT`, `state_spec(n)`, `state_arrays(n)`, `load_state(arrays, n, positional)`:
+"positional" arrays are indexed by position (K/V, latent rows) and stay valid under later tokens, the others
+(conv, ssm) are overwritten by every token.
 """
 
 from __future__ import annotations
@@ -23,8 +26,17 @@ def _grown(old: np.ndarray, n_positions: int, limit: int) -> np.ndarray | None:
     return grown
 
 
+def _spec(arrays: dict[str, np.ndarray], n: int, positional: tuple[str, ...]) -> list[tuple[str, str, tuple]]:
+    """(name, dtype, shape) of each array as a state file holds it after n positions."""
+    return [(k, "f4", (a.shape[0], n, *a.shape[2:]) if k in positional else a.shape) for k, a in arrays.items()]
+
+
 class KVCache:
     """k (n_layers, capacity, n_kv_heads, head_dim) f32, v (n_layers, capacity, n_kv_heads, value_dim) f32."""
+
+    # In a state file: k (n_layers, n, n_kv_heads, head_dim) f32, v (n_layers, n, n_kv_heads, value_dim) f32.
+    # The CUDA dense model keeps the same rows, so a state moves between the backends.
+    STATE_LAYOUT = "kv-f32/1"
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, value_dim: int, limit: int):
         self.limit = limit  # the most positions this cache may ever hold
@@ -56,11 +68,25 @@ class KVCache:
         self.v[layer, start:end] = v
         return self.k[layer, :end], self.v[layer, :end]
 
+    def state_spec(self, n: int) -> list[tuple[str, str, tuple]]:
+        return _spec({"k": self.k, "v": self.v}, n, ("k", "v"))
+
+    def state_arrays(self, n: int) -> dict[str, np.ndarray]:
+        return {"k": self.k[:, :n], "v": self.v[:, :n]}
+
+    def load_state(self, arrays: dict[str, np.ndarray], n: int, positional: bool = True) -> None:
+        if positional:
+            self.reserve(n)
+            self.k[:, :n] = arrays["k"]
+            self.v[:, :n] = arrays["v"]
+
 
 class LatentCache:
     """MLA keeps one row per position and layer: rows (n_layers, capacity, kv_lora_rank + rope_dim) f32, the
     normalised KV latent followed by the roped k_pe. Keys are whole rows, values their first kv_lora_rank dims.
     Like K/V the rows are indexed by position, so reset, snapshot and restore have nothing to do."""
+
+    STATE_LAYOUT = "latent-f32/1"  # rows (n_layers, n, kv_lora_rank + rope_dim) f32
 
     def __init__(self, n_layers: int, row_dim: int, limit: int):
         self.limit = limit
@@ -86,6 +112,17 @@ class LatentCache:
         self.rows[layer, start:end] = rows
         return self.rows[layer, :end]
 
+    def state_spec(self, n: int) -> list[tuple[str, str, tuple]]:
+        return _spec({"rows": self.rows}, n, ("rows",))
+
+    def state_arrays(self, n: int) -> dict[str, np.ndarray]:
+        return {"rows": self.rows[:, :n]}
+
+    def load_state(self, arrays: dict[str, np.ndarray], n: int, positional: bool = True) -> None:
+        if positional:
+            self.reserve(n)
+            self.rows[:, :n] = arrays["rows"]
+
 
 class HybridCache:
     """Attention layers' K/V plus the recurrent state of the Gated DeltaNet layers.
@@ -94,6 +131,10 @@ class HybridCache:
     ssm (n_recurrent, n_v_heads, head_k_dim, head_v_dim) f32: the delta-rule state matrix S of every v head.
     Unlike K/V these are overwritten by each token, so going back to an earlier position needs a saved copy.
     """
+
+    # k, v of the attention layers as in KVCache; conv (n_recurrent, conv_kernel - 1, conv_dim) f32 and
+    # ssm (n_recurrent, n_v_heads, head_k_dim, head_v_dim) f32 after the last position.
+    STATE_LAYOUT = "hybrid-f32/1"
 
     def __init__(self, kv: KVCache, n_recurrent: int, conv_shape: tuple[int, int], ssm_shape: tuple[int, int, int]):
         self.kv = kv
@@ -123,3 +164,14 @@ class HybridCache:
         conv, ssm = state
         np.copyto(self.conv, conv)
         np.copyto(self.ssm, ssm)
+
+    def state_spec(self, n: int) -> list[tuple[str, str, tuple]]:
+        return self.kv.state_spec(n) + _spec({"conv": self.conv, "ssm": self.ssm}, n, ())
+
+    def state_arrays(self, n: int) -> dict[str, np.ndarray]:
+        return {**self.kv.state_arrays(n), "conv": self.conv, "ssm": self.ssm}
+
+    def load_state(self, arrays: dict[str, np.ndarray], n: int, positional: bool = True) -> None:
+        self.kv.load_state(arrays, n, positional)
+        np.copyto(self.conv, arrays["conv"])
+        np.copyto(self.ssm, arrays["ssm"])

@@ -1,7 +1,8 @@
 """The NumPy backend's runner: one sequence's cache and position around a family's CpuModel.
 
 Runner API (the CUDA runner has the same): `reset()`, `position`, `forward(ids, out, gather)`,
-`snapshot()` / `restore(state)` to return to an earlier position, and `sample_next(ids, params, step)`.
+`snapshot()` / `restore(state)` to return to an earlier position, `sample_next(ids, params, step)`, and for state
+files (engine/state.py) `state_layout`, `state_spec(n)`, `export_state()`, `import_state(state_file)`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine import state
+from engine.cpu import lora
 from engine.errors import ContextOverflow
 from engine.sampling import SamplingParams, sample
 
@@ -24,6 +27,9 @@ class CpuRunner:
         self.max_seq = max_seq
         self.cache = model.new_cache(max_seq)
         self.position = 0  # tokens of the current sequence already in the cache
+        # The state file whose position-indexed rows the cache still holds: resuming it again copies only the
+        # recurrent state. Any write below its length (a sequence that does not start with it) forgets it.
+        self._resident: state.StateFile | None = None
 
     def reset(self) -> None:
         self.position = 0
@@ -47,6 +53,8 @@ class CpuRunner:
         n = len(ids)
         if self.position + n > self.max_seq:
             raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
+        if self._resident is not None and self.position < self._resident.n_positions:
+            self._resident = None
         h = self.model.forward(np.asarray(ids, dtype=np.int64), self.cache, self.position)  # (n, dim)
         self.position += n
         head = self.model.output  # (n_vocab, dim)
@@ -58,9 +66,35 @@ class CpuRunner:
         if out == "all":
             if gather is None:
                 return h @ head.T
-            return np.einsum("nd,nd->n", h, head[np.asarray(gather, dtype=np.int64)])
+            return lora.row_dots(head[np.asarray(gather, dtype=np.int64)], h)
         raise ValueError(f"out must be none, last or all, got {out!r}")
 
     def sample_next(self, ids: Sequence[int], params: SamplingParams, step: int) -> int:
         """Consume `ids` and choose the next token."""
         return sample(self.forward(ids, "last"), params, step)
+
+    # -- state files ---------------------------------------------------------------------------------------
+
+    @property
+    def state_layout(self) -> str:
+        return self.cache.STATE_LAYOUT
+
+    def state_spec(self, n: int) -> list[tuple[str, str, tuple]]:
+        """(name, dtype, shape) of every array of a state after n positions."""
+        return self.cache.state_spec(n)
+
+    def export_state(self) -> list[state.Array]:
+        """The cache after the current position, as the arrays of a state file."""
+        arrays = self.cache.state_arrays(self.position)
+        return [state.Array(k, "f4", a.shape, [np.ascontiguousarray(a, dtype=np.float32).data])
+                for k, a in arrays.items()]  # fmt: skip
+
+    def import_state(self, sf: state.StateFile) -> None:
+        """Continue from a state file's position (checked against this runner by engine/state.py already)."""
+        arrays = {
+            name: np.frombuffer(sf.mm, np.float32, info.nbytes // 4, info.offset).reshape(info.shape)
+            for name, info in sf.arrays.items()
+        }
+        self.cache.load_state(arrays, sf.n_positions, positional=self._resident is not sf)
+        self._resident = sf
+        self.position = sf.n_positions
