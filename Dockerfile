@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1.7
 # Reflex worker image for Runpod serverless. Stages:
 #   kernels  CUDA devel image: ./build_kernels.sh compiles kernels/*.cu with nvcc for CUDA_ARCHS (no GPU needed)
-#   pydeps   slim CUDA base + Python 3.12 + a venv with the pinned packages of pyproject.toml (base, cuda, worker)
+#   pydeps   slim CUDA base + Python 3.12 + a venv with the pinned packages of pyproject.toml (base, cuda, worker:
+#            runpod, huggingface_hub, llguidance)
 #   model    downloads the GGUF named by the build args, then `python -m engine prepare` writes its cold-start cache
 #   runtime  pydeps + kernels + engine + handler + model; CMD python -u handler.py
 # Build (linux/amd64; no GPU needed, see serverless/README.md):
@@ -15,7 +16,9 @@ ARG CUDA_VERSION=12.8.1
 ARG UBUNTU=ubuntu24.04
 
 FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS kernels
-ARG CUDA_ARCHS="75;80;86;89;90"
+# SASS for every GPU Runpod serves (Turing T4 for local use, Ampere, Ada, Hopper, Blackwell B200 and RTX 50xx/PRO),
+# so no cold start ever JIT-compiles PTX; the 12.8 toolkit has sm_100 and sm_120.
+ARG CUDA_ARCHS="75;80;86;89;90;100;120"
 WORKDIR /src
 COPY build_kernels.sh ./
 COPY kernels/ kernels/
@@ -41,7 +44,6 @@ ARG MODEL_REPO=unsloth/Qwen3-0.6B-GGUF
 ARG MODEL_FILE=Qwen3-0.6B-Q4_K_M.gguf
 ARG MODEL_REVISION=main
 ARG MODEL_URL=""
-RUN pip install --no-cache-dir huggingface_hub==2.4.0
 WORKDIR /build
 COPY scripts/fetch_model.py scripts/
 RUN --mount=type=secret,id=HF_TOKEN,required=false \
@@ -52,8 +54,12 @@ COPY engine/ engine/
 RUN python -m engine prepare /models/model.gguf
 
 FROM pydeps AS runtime
+ARG MODEL_REPO=unsloth/Qwen3-0.6B-GGUF
+ARG MODEL_FILE=Qwen3-0.6B-Q4_K_M.gguf
 WORKDIR /app
-ENV MODEL_PATH=/models/model.gguf \
+# What /models/model.gguf is: MODEL_NAME / MODEL_FILE at run time pick it, or another model (engine/worker/models.py).
+ENV BAKED_MODEL_NAME=${MODEL_REPO} \
+    BAKED_MODEL_FILE=${MODEL_FILE} \
     PYTHONUNBUFFERED=1 \
     RUNPOD_SKIP_AUTO_SYSTEM_CHECKS=true \
     RUNPOD_SKIP_GPU_CHECK=true \

@@ -104,7 +104,16 @@ def test_hub_files():
         # a host driver must be at least as new as the image's CUDA runtime
         assert allowed and all(tuple(int(x) for x in v.split(".")) >= image_cuda for v in allowed), allowed
     env_keys = {e["key"] for e in hub["config"]["env"]}
-    assert {"MAX_SEQ_LEN", "MAX_NEW_TOKENS", "MAX_CANDIDATES", "MAX_PROMPT_CHARS"} <= env_keys
+    assert {"MAX_SEQ_LEN", "MAX_NEW_TOKENS", "MAX_CANDIDATES", "MAX_PROMPT_CHARS", "MODEL_NAME"} <= env_keys
+    (model,) = [e["input"] for e in hub["config"]["env"] if e["key"] == "MODEL_NAME"]
+    assert model["type"] == "huggingface"
+    for preset in hub["config"]["presets"]:
+        assert set(preset["defaults"]) <= env_keys and "/" in preset["defaults"]["MODEL_NAME"], preset
+    # GPU pools: every architecture they hold has SASS in the image (Ampere 80/86, Ada 89, Hopper 90, Blackwell 120)
+    pools = set(hub["config"]["gpuIds"].split(","))
+    assert {"AMPERE_16", "AMPERE_80", "ADA_24", "ADA_80_PRO", "ADA_32_PRO", "BLACKWELL_96"} <= pools
+    archs = re.search(r'^ARG CUDA_ARCHS="([\d;]+)"', dockerfile(), flags=re.M).group(1).split(";")
+    assert archs == ["75", "80", "86", "89", "90", "100", "120"]
     for test in tests["tests"]:
         jobs.parse(test["input"])  # every Hub test job is a valid job
         assert test["timeout"] >= 60000
