@@ -15,8 +15,8 @@ import os
 import threading
 from collections.abc import Sequence
 
+from engine import errors, models, state, system1, timing
 from engine import lora as _lora
-from engine import models, state, system1, timing
 from engine.config import ModelConfig
 from engine.errors import ContextOverflow, CudaError, GGUFError, InvalidInput, UnsupportedArchitecture, env_int
 from engine.generation import GenerateStream
@@ -154,7 +154,10 @@ class Engine:
         with Stopwatch() as open_sw:
             opened = open_model(path)
         gf = opened.file
-        config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
+        try:
+            config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
+        except (GGUFError, UnsupportedArchitecture) as e:  # the config knows the keys, not the file
+            raise errors.naming_file(e, path) from None
         limit = max_seq_len or env_int("MAX_SEQ_LEN", DEFAULT_MAX_SEQ, minimum=1)
         max_seq = max(1, min(limit, config.n_ctx))
         adapters = _lora.open_adapters(lora, gf)  # a mismatched adapter fails here, before any allocation
@@ -309,8 +312,11 @@ class Engine:
         return self._finish(result, "process_start_to_result_ms", done_at)
 
     def generate_stream(self, prompt: str, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                        top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | None = None):  # fmt: skip
-        """An iterator of `{"text", "token_ids"}` chunks; the full result is its `.result` once exhausted."""
+                        top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] | None = None,
+                        chooser=None):  # fmt: skip
+        """An iterator of `{"text", "token_ids"}` chunks; the full result is its `.result` once exhausted.
+        `chooser(logits, params, step) -> id` (optional) picks each token from the host logits row instead of the
+        backend's own sampler: logprobs and constrained decoding (engine/generation.py)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidInput(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         stops = list(stop or [])
@@ -322,7 +328,7 @@ class Engine:
         if len(prompt_ids) + max_tokens > self.max_seq:
             raise ContextOverflow(len(prompt_ids) + max_tokens, self.max_seq, "the prompt plus max_tokens")
         return _LockedStream(self, GenerateStream(self.runner, self.tokenizer, prompt_ids, params, max_tokens,
-                                                  stops, tok_sw.ms))  # fmt: skip
+                                                  stops, tok_sw.ms, chooser))  # fmt: skip
 
     def generate(self, prompt: str, **kwargs) -> dict:
         stream = self.generate_stream(prompt, **kwargs)

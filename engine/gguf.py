@@ -1,7 +1,12 @@
 """A fast, defensive GGUF reader (versions 2 and 3): struct + mmap, zero-copy tensor views.
 
 Every count and offset read from the file is checked against the bytes that remain before anything is allocated
-from it, so a malformed file ends in a `GGUFError` that names what was wrong and at which byte offset.
+from it, so a malformed file ends in a `GGUFError` that names the file, what was wrong and at which byte offset.
+The work of a parse is bounded too, whatever the file holds: at most MAX_KV metadata entries, MAX_TENSORS tensors,
+MAX_NESTED arrays inside arrays, MAX_STRINGS strings in arrays, MAX_SLOW_STRINGS of them read one by one (each
+checked against its count before any of it is read), so a crafted header is refused in milliseconds instead of
+costing seconds and gigabytes of Python objects. Real files are far inside these bounds (tens of keys, a few
+thousand tensors, no nested arrays).
 String arrays (vocabularies, merges) take a vectorized path: see `_read_string_array`.
 """
 
@@ -22,6 +27,12 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 MAX_ARRAY_NESTING = 8
 MAX_ELEMENTS = 1 << 50  # far beyond any real tensor; guards the element-count product against overflow
+# The work budget of one parse (see the module docstring).
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 17
+MAX_NESTED = 1 << 16  # arrays inside arrays, over the whole file
+MAX_STRINGS = 1 << 21  # strings in arrays, over the whole file (a real vocabulary and its merges: ~300 K)
+MAX_SLOW_STRINGS = 1 << 19  # of those, strings that the vectorized reader cannot take
 
 # GGUF value type id -> (struct format, byte size); 8 (string) and 9 (array) are handled separately.
 _SCALARS: dict[int, tuple[str, int]] = {
@@ -129,6 +140,12 @@ class _Parser:
         self.mm = mm
         self.size = len(mm)
         self.pos = 0
+        self.nested_left = MAX_NESTED
+        self.strings_left = MAX_STRINGS
+        self.slow_strings_left = MAX_SLOW_STRINGS
+
+    def over_budget(self, what: str, n: int, limit: int, at: int) -> GGUFError:
+        return self.fail(f"{what} {n} is over the reader's limit of {limit} (a crafted header?)", at)
 
     def fail(self, what: str, at: int | None = None) -> GGUFError:
         return GGUFError(f"{self.path}: {what} (at byte offset {self.pos if at is None else at})")
@@ -176,6 +193,10 @@ class _Parser:
             raise self.fail(f"metadata count {n_kv} cannot fit in the {self.size - self.pos} bytes left", at=16)
         if n_tensors * 24 > self.size - self.pos:
             raise self.fail(f"tensor count {n_tensors} cannot fit in the {self.size - self.pos} bytes left", at=8)
+        if n_kv > MAX_KV:
+            raise self.over_budget("metadata count", n_kv, MAX_KV, 16)
+        if n_tensors > MAX_TENSORS:
+            raise self.over_budget("tensor count", n_tensors, MAX_TENSORS, 8)
 
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
@@ -225,8 +246,8 @@ class _Parser:
                 raise self.fail(f"array '{key}' of {count} elements cannot fit in the {remaining} bytes left", count_at)
             import numpy as np
 
-            if etype == _BOOL:
-                out = [b != 0 for b in self.mm[self.pos : self.pos + count]]
+            if etype == _BOOL:  # one vectorized comparison, not a Python bool per byte
+                out = np.frombuffer(self.mm, dtype=np.uint8, count=count, offset=self.pos) != 0
             else:
                 out = np.frombuffer(self.mm, dtype=_NUMPY_DTYPES[etype], count=count, offset=self.pos)
             self.pos += count * n
@@ -239,15 +260,42 @@ class _Parser:
             # Each nested array needs at least its 12-byte header.
             if count * 12 > remaining:
                 raise self.fail(f"array '{key}' of {count} arrays cannot fit in the {remaining} bytes left", count_at)
+            if count > self.nested_left:
+                raise self.over_budget(f"arrays nested in '{key}': count", count, MAX_NESTED, count_at)
+            self.nested_left -= count
             return [self.array(key, depth + 1) for _ in range(count)]
         raise self.fail(f"unknown element type {etype} in array '{key}'", at=count_at - 4)
 
     def string_array(self, key: str, count: int) -> list[str]:
+        if count > self.strings_left:
+            raise self.over_budget(f"strings in '{key}': count", count, MAX_STRINGS, self.pos - 8)
+        self.strings_left -= count
         out = _read_string_array(self.mm, self.pos, count) if count >= 256 else None
         if out is not None:
             strings, self.pos = out
             return strings
-        return [self.string(f"element {i} of '{key}'") for i in range(count)]
+        if count > self.slow_strings_left:
+            raise self.over_budget(f"strings of '{key}' to read one by one: count", count, MAX_SLOW_STRINGS, self.pos)
+        self.slow_strings_left -= count
+        return self.plain_strings(key, count)
+
+    def plain_strings(self, key: str, count: int) -> list[str]:
+        """The sequential read of `count` strings (the loop is kept tight: it is the slow path's whole cost)."""
+        mm, pos, size, unpack = self.mm, self.pos, self.size, _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for i in range(count):
+            end = pos + 8 + (unpack(mm, pos)[0] if pos + 8 <= size else size)
+            if end > size:
+                self.pos = pos
+                raise self.fail(f"truncated file: element {i} of '{key}' runs past the end of the file ({size})")
+            try:
+                append(mm[pos + 8 : end].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise self.fail(f"element {i} of '{key}' is not valid UTF-8", at=pos) from None
+            pos = end
+        self.pos = pos
+        return out
 
     def tensor_info(self, i: int) -> tuple[str, tuple[int, ...], int, int, int]:
         at = self.pos
