@@ -1,0 +1,469 @@
+"""kernels/moe.cu against NumPy: routing (engine/models/moe.py's `route`, its tie rule included), the grouping by
+expert, the decode expert matvecs and the grouped GEMM on every weight type, and engine/models/moe_cuda.py's MoEFFN
+end to end (decode and prefill, shared expert with its gate), direct launches against a replayed graph.
+
+Fresh random inputs every run; the seed is in every failure message and MOE_SEED=<seed> replays it. Outputs are
+poisoned (0xFF bytes: NaN floats, -1 ints) first, and slack past the needed size must stay poisoned.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from engine.config import ModelConfig, MoE
+from engine.cpu import ops
+from engine.cpu.dequant import dequantize
+from engine.cuda import driver, k_moe, memory
+from engine.cuda.memory import DeviceArray, DeviceWeight
+from engine.errors import CudaError
+from engine.models import moe as M
+from engine.models.moe_cuda import MoEFFN
+from engine.quants import SUPPORTED_TYPES, GGMLType, row_bytes
+from tests.cuda_util import cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
+from tests.quant_data import random_weights
+
+pytestmark = pytest.mark.gpu
+
+TYPES = sorted(SUPPORTED_TYPES)
+FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+RTOL = 1e-5  # of the sum of |products|, as tests/test_cuda_matvec.py
+POISON = 0xFFFFFFFF
+
+# name -> (MoE options, n_experts, k). Shapes of the real models: qwen3moe tiny (8, top-2), Qwen3-30B-A3B (128,
+# top-8), DeepSeek V3 style (sigmoid, exp_probs_b, 8 groups keep 4, scaled), one of a single expert unnormalised.
+ROUTES = {
+    "softmax-8-top2": (dict(), 8, 2),
+    "softmax-128-top8": (dict(), 128, 8),
+    "softmax-8-top1-scaled": (dict(weights_norm=False, weights_scale=2.5), 8, 1),
+    "sigmoid-bias-groups": (dict(gating="sigmoid", weights_scale=2.5, n_groups=8, n_groups_used=4), 128, 8),
+    "softmax-groups-nonorm": (dict(weights_norm=False, n_groups=4, n_groups_used=3), 8, 2),
+}
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("MOE_SEED") or np.random.default_rng().integers(2**63))
+
+
+def poisoned(shape: tuple[int, ...], dtype: str = "f4") -> DeviceArray:
+    a = DeviceArray.empty(shape, dtype)
+    a.fill_byte(0xFF)
+    return a
+
+
+def run(launch: driver.Launch) -> None:
+    launch()
+    memory.synchronize(0)
+
+
+def untouched(host: np.ndarray) -> bool:
+    return bool((host.view(np.uint32) == POISON).all())
+
+
+def moe_cfg(opts: dict, n_experts: int, k: int, ff: int = 64, shared: int = 0) -> MoE:
+    return MoE(n_experts=n_experts, n_experts_used=k, expert_hidden_dim=ff, shared_hidden_dim=shared, **opts)
+
+
+def routed_ids(rng: np.random.Generator, n: int, n_experts: int, k: int, skew: bool = False) -> np.ndarray:
+    """(n, k) i32: k distinct experts per token; `skew` sends most tokens to the same few experts."""
+    scores = rng.random((n, n_experts)) + (np.arange(n_experts) < k) * (4.0 if skew else 0.0)
+    return np.argsort(-scores, axis=1)[:, :k].astype(np.int32)
+
+
+class Stack:
+    """n_experts random (rows, cols) matrices of one type: a GGUF ne [cols, rows, n_experts] stack on the device
+    (allocated to the byte) as the DeviceWeight of expert 0, and its values (n_experts, rows, cols) f64."""
+
+    def __init__(self, rng: np.random.Generator, t: GGMLType, n_experts: int, rows: int, cols: int):
+        raw = random_weights(rng, t, (n_experts * rows, cols))
+        self.dense = dequantize(raw, t, (n_experts * rows, cols)).astype(np.float64).reshape(n_experts, rows, cols)
+        self.array = DeviceArray.from_host(raw)
+        self.dev = DeviceWeight(self.array.ptr, t, rows, cols, row_bytes(t, cols), f"{t.name} stack")
+
+
+def f32_weight(values: np.ndarray) -> tuple[DeviceArray, DeviceWeight]:
+    """An F32 (rows, cols) matrix on the device (the router's type)."""
+    a = DeviceArray.from_host(np.ascontiguousarray(values, np.float32))
+    return a, DeviceWeight(a.ptr, GGMLType.F32, values.shape[0], values.shape[1], 4 * values.shape[1], "router")
+
+
+# -- routing -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["random", "ties"])
+@pytest.mark.parametrize("n", [1, 3, 37, 300])
+@pytest.mark.parametrize("route", ROUTES, ids=str)
+def test_route(route: str, n: int, ties: bool, seed: int) -> None:
+    opts, n_experts, k = ROUTES[route]
+    moe = moe_cfg(opts, n_experts, k)
+    rng = np.random.default_rng(seed)
+    # Ties: logits from four values, so most tokens have equal logits among their best (equal logits give equal
+    # probabilities on both sides, and the lower expert must win).
+    logits = (rng.integers(0, 4, (n, n_experts)) * 0.5 if ties else rng.normal(size=(n, n_experts))).astype(np.float32)
+    bias = (0.05 * rng.normal(size=n_experts)).astype(np.float32) if moe.gating == "sigmoid" and not ties else None
+    dim = 256
+    xn = rng.normal(size=(n, dim)).astype(np.float32)
+    gate = (0.1 * rng.normal(size=dim)).astype(np.float32)
+    ids, w, sgate = poisoned((n * k + 5,), "i4"), poisoned((n * k + 5,)), poisoned((n + 3,))
+    d_logits, d_bias, d_xn, d_gate = (None if a is None else DeviceArray.from_host(a) for a in (logits, bias, xn, gate))
+    run(k_moe.route(d_logits, n, n_experts, k, ids, w, sigmoid=moe.gating == "sigmoid", bias=d_bias,
+                    n_groups=moe.n_groups, n_groups_used=moe.n_groups_used, norm=moe.weights_norm,
+                    scale=moe.weights_scale, xn=d_xn, gate_shexp=d_gate, sgate=sgate))  # fmt: skip
+    want_ids, want_w = M.route(logits, moe, bias)
+    got_ids, got_w, got_g = ids.to_host(), w.to_host(), sgate.to_host()
+    context = f"{route} n={n} ties={ties} seed={seed}"
+    np.testing.assert_array_equal(got_ids[: n * k].reshape(n, k), want_ids, err_msg=context)
+    np.testing.assert_allclose(got_w[: n * k].reshape(n, k), want_w, rtol=2e-6, atol=1e-8, err_msg=context)
+    np.testing.assert_allclose(got_g[:n], ops.sigmoid(xn.astype(np.float64) @ gate), rtol=1e-6, atol=5e-6,
+                               err_msg=context)  # fmt: skip
+    assert (got_ids[n * k :] == -1).all() and untouched(got_w[n * k :]) and untouched(got_g[n:]), context
+
+
+# -- grouping by expert ------------------------------------------------------------------------------------------
+
+
+def expected_groups(ids: np.ndarray, n_experts: int) -> tuple[np.ndarray, ...]:
+    """offsets, perm_tok, inv and the tile list, built the obvious way: a stable sort of the items by expert."""
+    flat = ids.reshape(-1)
+    order = np.argsort(flat, kind="stable")  # item of each sorted row
+    counts = np.bincount(flat, minlength=n_experts)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    inv = np.empty_like(order)
+    inv[order] = np.arange(len(order))
+    tiles = [(e, offsets[e] + s, offsets[e + 1]) for e in range(n_experts) for s in range(0, counts[e], 64)]
+    return offsets, order // ids.shape[1], inv, np.array(tiles, np.int32).reshape(-1, 3)
+
+
+@pytest.mark.parametrize("skew", [False, True], ids=["spread", "skewed"])
+@pytest.mark.parametrize(("n", "k", "n_experts"), [(9, 2, 8), (37, 1, 8), (37, 8, 128), (300, 8, 128), (300, 2, 8),
+                                                   (512, 8, 8), (9, 8, 1024)])  # fmt: skip
+def test_group(n: int, k: int, n_experts: int, skew: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ids = routed_ids(rng, n, n_experts, k, skew)
+    items, n_tiles = n * k, k_moe.max_tiles(n * k, n_experts)
+    offsets, perm, inv = poisoned((n_experts + 2,), "i4"), poisoned((items + 1,), "i4"), poisoned((items + 1,), "i4")
+    tiles = poisoned((n_tiles + 1, 3), "i4")
+    d_ids = DeviceArray.from_host(ids)
+    run(k_moe.group(d_ids, items, k, n_experts, offsets, perm, inv, tiles))
+    want_off, want_perm, want_inv, want_tiles = expected_groups(ids, n_experts)
+    context = f"n={n} k={k} E={n_experts} skew={skew} seed={seed}"
+    got_tiles = tiles.to_host()
+    np.testing.assert_array_equal(offsets.to_host()[: n_experts + 1], want_off, err_msg=context)
+    np.testing.assert_array_equal(perm.to_host()[:items], want_perm, err_msg=context)
+    np.testing.assert_array_equal(inv.to_host()[:items], want_inv, err_msg=context)
+    np.testing.assert_array_equal(got_tiles[: len(want_tiles)], want_tiles, err_msg=context)
+    assert len(want_tiles) <= n_tiles, context
+    assert (got_tiles[len(want_tiles) : n_tiles] == [-1, 0, 0]).all(), context
+    assert (got_tiles[n_tiles] == -1).all() and perm.to_host()[items] == -1 and inv.to_host()[items] == -1, context
+
+
+# -- decode expert matvecs ----------------------------------------------------------------------------------------
+
+# (n tokens, k, n_experts): one token over 128 experts; 3 tokens; 8 tokens each using every expert.
+SMALL = [(1, 8, 128), (3, 2, 8), (8, 8, 8), (1, 1, 8)]
+# (dim, F): a K-quant size (256-value blocks), and rows of 3 blocks of 32 for the other types.
+DECODE_SHAPES = [(256, 256), (96, 64)]
+
+
+def _xf(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
+    return rng.normal(size=(n, cols)).astype(np.float32)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["swiglu", "plain"])
+@pytest.mark.parametrize("small", SMALL, ids=lambda s: "n{}_k{}_E{}".format(*s))
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "dim{}_F{}".format(*s))
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_gate_up(ggml_type: GGMLType, shape, small, fused: bool, seed: int) -> None:
+    dim, ff = shape
+    n, k, n_experts = small
+    needs_blocks(ggml_type, dim)
+    rng = np.random.default_rng(seed)
+    g, u = Stack(rng, ggml_type, n_experts, ff, dim), Stack(rng, ggml_type, n_experts, ff, dim)
+    x, ids = _xf(rng, n, dim), routed_ids(rng, n, n_experts, k)
+    y = poisoned((n * k * ff + 7,))
+    d_x, d_ids = DeviceArray.from_host(x), DeviceArray.from_host(ids)
+    run(k_moe.gate_up(g.dev, u.dev if fused else None, d_x, d_ids, k, n * k, y))
+    xt = np.repeat(x.astype(np.float64), k, axis=0)  # (n*k, dim): item p reads token p // k
+    e = ids.reshape(-1)
+    a, b = np.einsum("prc,pc->pr", g.dense[e], xt), np.einsum("prc,pc->pr", u.dense[e], xt)
+    ta = RTOL * np.einsum("prc,pc->pr", np.abs(g.dense[e]), np.abs(xt))
+    tb = RTOL * np.einsum("prc,pc->pr", np.abs(u.dense[e]), np.abs(xt))
+    silu = a / (1 + np.exp(-a))
+    ref, tol = (silu * b, 1.1 * np.abs(b) * ta + np.abs(silu) * tb + 1e-6 * np.abs(silu * b)) if fused else (a, ta)
+    got = y.to_host()
+    context = f"{ggml_type.name} dim={dim} F={ff} n={n} k={k} E={n_experts} seed={seed}"
+    assert not np.isnan(got[: n * k * ff]).any(), f"{context}: unwritten outputs"
+    err = np.abs(got[: n * k * ff].reshape(n * k, ff) - ref)
+    assert (err <= tol + 1e-30).all(), f"{context}: worst {err.max():.3g}"
+    assert untouched(got[n * k * ff :]), f"{context}: written past the outputs"
+
+
+@pytest.mark.parametrize("shared", ["none", "plain", "gated"])
+@pytest.mark.parametrize("small", SMALL, ids=lambda s: "n{}_k{}_E{}".format(*s))
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "dim{}_F{}".format(*s))
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_down(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> None:
+    dim, ff = shape
+    n, k, n_experts = small
+    needs_blocks(ggml_type, ff)
+    rng = np.random.default_rng(seed)
+    d = Stack(rng, ggml_type, n_experts, dim, ff)
+    h, ids = _xf(rng, n * k, ff), routed_ids(rng, n, n_experts, k)
+    wts = rng.random((n, k)).astype(np.float32)
+    x0, ys, sg = _xf(rng, n, dim), _xf(rng, n, dim), rng.random(n).astype(np.float32)
+    x = DeviceArray.from_host(np.concatenate([x0.reshape(-1), np.full(5, np.nan, np.float32)]))
+    d_h, d_ids, d_w, d_ys, d_sg = (DeviceArray.from_host(a) for a in (h, ids, wts, ys, sg))
+    run(k_moe.down(d.dev, d_h, d_ids, d_w, k, n, x, shared=None if shared == "none" else d_ys,
+                   sgate=d_sg if shared == "gated" else None))  # fmt: skip
+    e = ids.reshape(-1)
+    per = np.einsum("prc,pc->pr", d.dense[e], h.astype(np.float64)).reshape(n, k, dim)
+    per_abs = RTOL * np.einsum("prc,pc->pr", np.abs(d.dense[e]), np.abs(h)).reshape(n, k, dim)
+    ref = x0 + np.einsum("tk,tkr->tr", wts, per)
+    tol = np.einsum("tk,tkr->tr", wts, per_abs) + 1e-6 * np.abs(ref)
+    if shared != "none":
+        g = sg[:, None] if shared == "gated" else 1.0
+        ref, tol = ref + g * ys, tol + 1e-6 * np.abs(ys)
+    got = x.to_host()
+    context = f"{ggml_type.name} dim={dim} F={ff} n={n} k={k} E={n_experts} shared={shared} seed={seed}"
+    err = np.abs(got[: n * dim].reshape(n, dim) - ref)
+    assert (err <= tol).all(), f"{context}: worst {np.nanmax(err):.3g}, NaN: {np.isnan(err).sum()}"
+    assert np.isnan(got[n * dim :]).all(), f"{context}: written past the outputs"
+
+
+# -- prefill: gather, grouped GEMM, combine -----------------------------------------------------------------------
+
+
+def gemm_tolerance(ggml_type: GGMLType, swiglu: bool) -> tuple[float, float]:
+    """(every row, median row) relative error bounds of tests/test_cuda_gemm.py: the same tile, the same TF32."""
+    if ggml_type in FLOAT_TYPES:
+        return 1e-5, 1e-5
+    return (5e-3, 1.2e-3) if swiglu else (2.5e-3, 7e-4)
+
+
+def assert_rows_close(got: np.ndarray, ref: np.ndarray, tol: tuple[float, float], context: str) -> None:
+    assert not np.isnan(got).any(), f"{context}: unwritten (NaN) outputs at {np.argwhere(np.isnan(got))[:8].tolist()}"
+    err = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert err.max() <= tol[0] and np.median(err) <= tol[1], (
+        f"{context}: worst row {int(np.argmax(err))} at {err.max():.3g}, median {np.median(err):.3g}"
+    )
+
+
+@pytest.mark.parametrize("swiglu", [False, True], ids=["gemm", "swiglu"])
+@pytest.mark.parametrize(("n", "k", "n_experts"), [(9, 2, 8), (300, 8, 8), (37, 8, 128)],
+                         ids=lambda v: str(v))  # fmt: skip
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_grouped_gemm(ggml_type: GGMLType, n: int, k: int, n_experts: int, swiglu: bool, seed: int) -> None:
+    rows, cols = 96, 256  # R not a multiple of the 64-row tile
+    rng = np.random.default_rng(seed)
+    ids, items = routed_ids(rng, n, n_experts, k, skew=n > 100), n * k
+    tiles = DeviceArray.empty((k_moe.max_tiles(items, n_experts), 3), "i4")
+    offsets, perm, inv = (DeviceArray.empty((s,), "i4") for s in (n_experts + 1, items, items))
+    run(k_moe.group(DeviceArray.from_host(ids), items, k, n_experts, offsets, perm, inv, tiles))
+    order = perm.to_host()
+    sorted_e = np.sort(ids.reshape(-1), kind="stable")  # the expert of each sorted row
+    a = _xf(rng, items, cols)  # rows already in sorted order, as moe_gather leaves them
+    wg, wu = Stack(rng, ggml_type, n_experts, rows, cols), Stack(rng, ggml_type, n_experts, rows, cols)
+    c = poisoned((items * rows + 64,))
+    d_a = DeviceArray.from_host(a)
+    if swiglu:
+        run(k_moe.gemm_swiglu(wg.dev, wu.dev, d_a, tiles, items, n_experts, c))
+    else:
+        run(k_moe.gemm(wg.dev, d_a, tiles, items, n_experts, c))
+    a64 = a.astype(np.float64)
+    ref = np.einsum("prc,pc->pr", wg.dense[sorted_e], a64)
+    if swiglu:
+        up = np.einsum("prc,pc->pr", wu.dense[sorted_e], a64)
+        ref = ref / (1 + np.exp(-ref)) * up
+    got = c.to_host()
+    context = f"{ggml_type.name} n={n} k={k} E={n_experts} swiglu={swiglu} seed={seed}"
+    assert len(order) == items
+    assert_rows_close(got[: items * rows].reshape(items, rows), ref, gemm_tolerance(ggml_type, swiglu), context)
+    assert untouched(got[items * rows :]), f"{context}: written past the outputs"
+
+
+@pytest.mark.parametrize("shared", ["none", "plain", "gated"])
+@pytest.mark.parametrize(("n", "k"), [(9, 1), (37, 8)])
+def test_gather_and_combine(n: int, k: int, shared: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    dim, n_experts = 96, 8
+    ids, items = routed_ids(rng, n, n_experts, k), n * k
+    _, perm, inv, _ = expected_groups(ids, n_experts)
+    xn, y = _xf(rng, n, dim), _xf(rng, items, dim)
+    xp = poisoned((items * dim + 4,))
+    d_perm = DeviceArray.from_host(perm.astype(np.int32))
+    run(k_moe.gather(DeviceArray.from_host(xn), dim, d_perm, items, xp))
+    got = xp.to_host()
+    assert np.array_equal(got[: items * dim].reshape(items, dim), xn[perm]) and untouched(got[items * dim :])
+
+    wts, x0 = rng.random((n, k)).astype(np.float32), _xf(rng, n, dim)
+    ys, sg = _xf(rng, n, dim), rng.random(n).astype(np.float32)
+    x, d_ys, d_sg = DeviceArray.from_host(x0), DeviceArray.from_host(ys), DeviceArray.from_host(sg)
+    d_y, d_inv, d_w = DeviceArray.from_host(y), DeviceArray.from_host(inv.astype(np.int32)), DeviceArray.from_host(wts)
+    run(k_moe.combine(d_y, d_inv, d_w, n, k, dim, x, shared=None if shared == "none" else d_ys,
+                      sgate=d_sg if shared == "gated" else None))  # fmt: skip
+    ref = x0 + np.einsum("tk,tkd->td", wts, y.astype(np.float64)[inv.reshape(n, k)])
+    if shared != "none":
+        ref = ref + (sg[:, None] if shared == "gated" else 1.0) * ys
+    np.testing.assert_allclose(x.to_host(), ref, rtol=1e-6, atol=2e-6, err_msg=f"n={n} k={k} {shared} seed={seed}")
+
+
+# -- MoEFFN end to end ----------------------------------------------------------------------------------------------
+
+Q = GGMLType
+# name -> (MoE options, n_experts, k, types of ffn_gate/up/down_exps, shared width, shared gate, shared types)
+FFNS = {
+    "qwen3moe-f32": (dict(), 8, 2, (Q.F32, Q.F32, Q.F32), 0, False, ()),
+    "qwen3-30b-q4_k": (dict(), 128, 8, (Q.Q4_K, Q.Q4_K, Q.Q6_K), 0, False, ()),
+    "deepseek-q8_0": (
+        dict(gating="sigmoid", weights_scale=2.5, n_groups=8, n_groups_used=4),
+        64,
+        6,
+        (Q.Q8_0, Q.Q8_0, Q.Q8_0),
+        128,
+        False,
+        (Q.Q8_0, Q.Q8_0, Q.Q8_0),
+    ),
+    "qwen35moe-mixed": (dict(), 8, 2, (Q.Q4_K, Q.Q8_0, Q.Q5_K), 256, True, (Q.F16, Q.BF16, Q.F32)),
+}
+DIM, FF, MAX_BATCH = 256, 256, 300
+
+
+def _config(moe: MoE) -> ModelConfig:
+    return ModelConfig(arch="qwen3moe", n_layers=1, dim=DIM, hidden_dim=512, n_heads=4, n_kv_heads=2, head_dim=64,
+                       value_dim=64, n_vocab=32, n_ctx=512, norm_eps=1e-6, rope_type="neox", rope_theta=1e6,
+                       rope_dim=64, moe=moe)  # fmt: skip
+
+
+class Layer:
+    """One random MoE layer: the device dict MoEFFN takes and the float64 values the reference uses."""
+
+    def __init__(self, rng: np.random.Generator, name: str):
+        opts, n_experts, k, types, shared, gated, shared_types = FFNS[name]
+        self.moe = moe_cfg(opts, n_experts, k, FF, shared)
+        self.keep: list = []  # device allocations the DeviceWeights point into
+        self.dev: dict = {}
+        self.ref: dict = {}
+        router = (0.1 * rng.normal(size=(n_experts, DIM))).astype(np.float32)
+        self._put("ffn_gate_inp", *f32_weight(router), router.astype(np.float64))
+        for tensor, t, (rows, cols) in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), types,
+                                           ((FF, DIM), (FF, DIM), (DIM, FF)), strict=True):  # fmt: skip
+            st = Stack(rng, t, n_experts, rows, cols)
+            self._put(tensor, st.array, st.dev, st.dense)
+        shapes = ((shared, DIM), (shared, DIM), (DIM, shared)) if shared else ()
+        names = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")[: len(shapes)]
+        for tensor, t, (rows, cols) in zip(names, shared_types, shapes, strict=True):
+            st = Stack(rng, t, 1, rows, cols)
+            self._put(tensor, st.array, st.dev, st.dense[0])
+        vectors = {"exp_probs_b": 0.05 * rng.normal(size=n_experts) if self.moe.gating == "sigmoid" else None,
+                   "ffn_gate_inp_shexp": 0.1 * rng.normal(size=DIM) if gated else None}  # fmt: skip
+        for tensor, v in vectors.items():
+            if v is not None:
+                a = DeviceArray.from_host(v.astype(np.float32))
+                self._put(tensor, a, a, v.astype(np.float32).astype(np.float64))
+
+    def _put(self, name: str, array: DeviceArray, dev, values: np.ndarray) -> None:
+        self.keep.append(array)
+        self.dev[name] = dev
+        self.ref[name] = values
+
+    def reference(self, x0: np.ndarray, norm_w: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x0 + MoE(RMSNorm(x0) * norm_w) in float64, routed as engine/models/moe.py routes the device's logits
+        (so a near-tie decided differently by float32 rounding cannot make the comparison flaky), and the normed
+        rows."""
+        R, x = self.ref, x0.astype(np.float64)
+        h = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-6) * norm_w
+        bias = R["exp_probs_b"].astype(np.float32) if "exp_probs_b" in R else None
+        chosen, w = M.route(logits, self.moe, bias)
+        out = np.zeros_like(h)
+        for e in np.unique(chosen):
+            rows, slot = np.nonzero(chosen == e)
+            g, u = h[rows] @ R["ffn_gate_exps"][e].T, h[rows] @ R["ffn_up_exps"][e].T
+            out[rows] += w[rows, slot, None] * ((g / (1 + np.exp(-g)) * u) @ R["ffn_down_exps"][e].T)
+        if self.moe.shared_hidden_dim:
+            g, u = h @ R["ffn_gate_shexp"].T, h @ R["ffn_up_shexp"].T
+            s = (g / (1 + np.exp(-g)) * u) @ R["ffn_down_shexp"].T
+            if "ffn_gate_inp_shexp" in R:
+                s = s / (1 + np.exp(-(h @ R["ffn_gate_inp_shexp"])))[:, None]
+            out += s
+        return x + out, h
+
+
+def _scratch_arrays(ffn: MoEFFN) -> list[DeviceArray]:
+    return [a for a in vars(ffn.s).values() if isinstance(a, DeviceArray)]
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 9, 37, 300])
+@pytest.mark.parametrize("name", FFNS, ids=str)
+def test_moe_ffn(name: str, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    layer = Layer(rng, name)
+    ffn = MoEFFN(_config(layer.moe), layer.dev, MAX_BATCH)
+    for a in _scratch_arrays(ffn):
+        a.fill_byte(0xFF)  # every buffer a kernel reads must have been written first in this pass
+    x0 = _xf(rng, MAX_BATCH, DIM)
+    norm_w = (1.0 + 0.2 * rng.normal(size=DIM)).astype(np.float32)
+    x, d_norm = DeviceArray.from_host(x0), DeviceArray.from_host(norm_w)
+    for launch in ffn.launches(x, n, d_norm):
+        launch()
+    memory.synchronize(0)
+    got, logits = x.to_host(), ffn.s.logits.to_host()[:n]
+    want, h = layer.reference(x0[:n], norm_w, logits)
+    context = f"{name} n={n} seed={seed}"
+    np.testing.assert_allclose(logits, h @ layer.ref["ffn_gate_inp"].T, rtol=1e-4, atol=1e-5, err_msg=context)
+    np.testing.assert_array_equal(got[n:], x0[n:], err_msg=f"{context}: rows past n changed")
+    # Float32 math but for quantized weights in a GEMM (TF32 tensor cores): the experts' above 8 tokens, the shared
+    # expert's above the matvec passes' 48.
+    quantized = [any(t not in FLOAT_TYPES for t in FFNS[name][i]) for i in (3, 6)]
+    tf32 = (n > 8 and quantized[0]) or (n > 48 and quantized[1])
+    tol = (1e-2, 3e-3) if tf32 else (2e-5, 2e-5)
+    assert_rows_close(got[:n] - x0[:n], want - x0[:n], tol, context)
+
+
+@pytest.mark.parametrize("n", [1, 37])
+def test_moe_ffn_graph_replay_equals_direct_launches(n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    layer = Layer(rng, "qwen35moe-mixed")
+    ffn = MoEFFN(_config(layer.moe), layer.dev, MAX_BATCH)
+    x0 = _xf(rng, MAX_BATCH, DIM)
+    x, d_norm = DeviceArray.from_host(x0), DeviceArray.from_host(np.ones(DIM, np.float32))
+    launches, stream = ffn.launches(x, n, d_norm), memory.stream_create()
+    for launch in launches:
+        launch(stream)
+    memory.synchronize(stream)
+    direct = x.to_host()
+    graph = memory.Graph(stream)
+    with graph:
+        for launch in launches:
+            launch(stream)
+    for _ in range(2):  # two replays: the same result each time (no state left between runs, no float atomics)
+        x.copy_from_host(x0)
+        graph.launch()
+        memory.synchronize(stream)
+        np.testing.assert_array_equal(x.to_host(), direct, err_msg=f"n={n} seed={seed}")
+    graph.destroy()
+    assert not np.array_equal(direct[:n], x0[:n])
+
+
+def test_wrappers_reject_bad_arguments() -> None:
+    logits, ids, w = DeviceArray.empty((4, 8)), DeviceArray.empty((4, 2), "i4"), DeviceArray.empty((4, 2))
+    k_moe.route(logits, 4, 8, 2, ids, w)  # the valid call
+    with pytest.raises(CudaError, match="k=9"):
+        k_moe.route(logits, 4, 8, 9, ids, w)
+    with pytest.raises(CudaError, match="groups"):
+        k_moe.route(logits, 4, 8, 2, ids, w, n_groups=3)
+    with pytest.raises(CudaError, match="logits: needs"):
+        k_moe.route(logits, 5, 8, 2, ids, w)
+    with pytest.raises(CudaError, match="routed rows"):
+        k_moe.group(ids, 0, 2, 8, *(DeviceArray.empty((64,), "i4") for _ in range(4)))
+    stack = DeviceWeight(0x1000, GGMLType.Q4_K, 256, 256, 144, "g")
+    with pytest.raises(CudaError, match="differ"):
+        k_moe.gate_up(stack, DeviceWeight(0x1000, GGMLType.Q8_0, 256, 256, 272, "u"), DeviceArray.empty((1, 256)),
+                      ids, 2, 2, DeviceArray.empty((2, 256)))  # fmt: skip
+    a = DeviceArray.empty((16, 256))
+    with pytest.raises(CudaError, match="overlaps"):
+        k_moe.gemm(stack, a, DeviceArray.empty((64, 3), "i4"), 16, 8, a)
+    # One row: one tile. 4096 rows over 8 experts: at worst 7 experts of 513 rows (9 tiles each) and one of 505 (8).
+    assert [k_moe.max_tiles(i, 8) for i in (1, 64, 65, 4096)] == [1, 8, 8, 71]
