@@ -2,14 +2,24 @@
 
 `<model>.reflex-cache` holds what the cold path would otherwise recompute from the GGUF header: the metadata
 (without the vocabulary arrays), the tensor table, the file's sha256 and the tokenizer in its fast-loading form.
-It is keyed to the file by its size and the sha256 of its header bytes (everything before the tensor data), so an
-edited or replaced model is noticed; a stale or unreadable cache is ignored with a log line, never trusted.
+It lives beside the model and nowhere else (the loader looks there only). Nothing in it is trusted unchecked:
+- its contents carry their own sha256, checked before any of it is used (a changed tensor offset is noticed);
+- it names the model it was built from: the file's size, the sha256 of its header bytes (metadata and tensor
+  table: everything before the tensor data) and the sha256 of a sample of the tensor data (SAMPLES blocks of
+  SAMPLE_BYTES spread evenly over it, and its last block), so a cache copied beside another file with the same
+  size and header is noticed too. A full-file hash would be exact but costs ~0.25 s per 400 MB on the cold path;
+  the modification time would be cheap but changes on every copy that does not preserve it, which would silently
+  disable the cache in an image;
+- it is read with bounded reads: a fixed preamble first (magic, section lengths, digest), and the body only when
+  the lengths add up to the cache file's size and are within MAX_SECTION, so a garbage file costs one small read.
+Any mismatch means: ignore the cache with a log line and parse the GGUF, which gives the same answer.
 
-Layout: b"RFLXCACHE1\\n" | u64 json length | JSON | u64 tokenizer length | tokenizer bytes.
+Layout: b"RFLXCACHE2\\n" | u64 JSON length | u64 tokenizer length | sha256(JSON + tokenizer) | JSON | tokenizer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -19,13 +29,17 @@ import struct
 from dataclasses import dataclass
 
 from engine import gguf
+from engine.errors import InvalidInput
 from engine.quants import GGMLType
 from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"RFLXCACHE1\n"
-FORMAT = 1
+MAGIC = b"RFLXCACHE2\n"
+FORMAT = 2
+_PREAMBLE = struct.Struct("<QQ32s")
+MAX_SECTION = 1 << 28  # bytes of the JSON or of the tokenizer section (a 150 K vocabulary's is ~6 MB)
+SAMPLES, SAMPLE_BYTES = 64, 1 << 14
 _BIG_ARRAY = 1024  # arrays longer than this stay out of the cached metadata (the tokenizer carries the vocab)
 
 
@@ -49,22 +63,38 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def data_sample_sha256(mm, data_offset: int) -> str:
+    """sha256 of SAMPLES blocks of SAMPLE_BYTES spread evenly over the tensor data, and of its last block."""
+    h = hashlib.sha256()
+    size = len(mm)
+    span = max(0, size - data_offset)
+    starts = {data_offset + span * i // SAMPLES for i in range(SAMPLES)} | {max(data_offset, size - SAMPLE_BYTES)}
+    view = memoryview(mm)
+    for start in sorted(starts):
+        h.update(view[start : start + SAMPLE_BYTES])
+    return h.hexdigest()
+
+
+def _identity(mm, data_offset: int) -> dict:
+    return {"size": len(mm), "header_sha256": hashlib.sha256(memoryview(mm)[:data_offset]).hexdigest(),
+            "data_sample_sha256": data_sample_sha256(mm, data_offset)}  # fmt: skip
+
+
 def _jsonable(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return value
 
 
-def write_cache(model_path: str, out_path: str | None = None) -> dict:
-    """Parse the model, build its tokenizer and write the cache. Returns a summary for the CLI."""
+def write_cache(model_path: str) -> dict:
+    """Parse the model, build its tokenizer and write the cache beside it. Returns a summary for the CLI."""
     gf = gguf.read(model_path)
     tokenizer = Tokenizer.from_gguf(gf)
     metadata = {k: _jsonable(v) for k, v in gf.metadata.items() if not (isinstance(v, (list, tuple)) or
                 hasattr(v, "tolist")) or len(v) <= _BIG_ARRAY}  # fmt: skip
     header = {
         "format": FORMAT,
-        "size": gf.size,
-        "header_sha256": hashlib.sha256(gf.header_bytes()).hexdigest(),
+        "model": _identity(gf.mm, gf.data_offset),
         "file_sha256": file_sha256(model_path),
         "version": gf.version,
         "alignment": gf.alignment,
@@ -74,42 +104,57 @@ def write_cache(model_path: str, out_path: str | None = None) -> dict:
     }
     blob = json.dumps(header, separators=(",", ":")).encode()
     tok = tokenizer.to_cache_bytes()
-    out_path = out_path or cache_path(model_path)
-    tmp = out_path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<Q", len(blob)) + blob + struct.pack("<Q", len(tok)) + tok)
-    os.replace(tmp, out_path)  # readers never see a half-written cache
+    out_path = cache_path(model_path)
+    tmp = f"{out_path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + _PREAMBLE.pack(len(blob), len(tok), hashlib.sha256(blob + tok).digest()) + blob + tok)
+        os.replace(tmp, out_path)  # readers never see a half-written cache
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise InvalidInput(f"cannot write the cache {out_path}: {e.strerror or e}") from None
     return {"cache": out_path, "bytes": os.path.getsize(out_path), "file_sha256": header["file_sha256"]}
 
 
 def _read_cache(path: str) -> tuple[dict, bytes]:
+    """The cache's JSON and tokenizer sections, after checking its layout and digest with bounded reads."""
     with open(path, "rb") as f:
-        data = f.read()
-    if not data.startswith(MAGIC):
-        raise ValueError("not a cache file (bad magic)")
-    pos = len(MAGIC)
-    (n,) = struct.unpack_from("<Q", data, pos)
-    header = json.loads(data[pos + 8 : pos + 8 + n])
-    pos += 8 + n
-    (m,) = struct.unpack_from("<Q", data, pos)
-    tok = data[pos + 8 : pos + 8 + m]
-    if len(tok) != m or header.get("format") != FORMAT:
-        raise ValueError("truncated cache or another format version")
-    return header, tok
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(len(MAGIC) + _PREAMBLE.size)
+        if not head.startswith(MAGIC):
+            raise ValueError("not a cache file of this format (bad magic)")
+        if len(head) < len(MAGIC) + _PREAMBLE.size:
+            raise ValueError("truncated preamble")
+        n_json, n_tok, digest = _PREAMBLE.unpack_from(head, len(MAGIC))
+        if max(n_json, n_tok) > MAX_SECTION or len(head) + n_json + n_tok != size:
+            raise ValueError(f"its sections ({n_json} + {n_tok} bytes) do not match its size ({size} bytes)")
+        body = f.read(n_json + n_tok)
+    if hashlib.sha256(body).digest() != digest:
+        raise ValueError("its contents do not match their digest (a damaged or edited cache)")
+    header = json.loads(body[:n_json])
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError("another format version")
+    return header, body[n_json:]
 
 
 def _from_cache(model_path: str, header: dict, tok: bytes) -> OpenedModel | None:
     with open(model_path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size != header["size"]:
-            log.info("ignoring stale cache for %s: the file size changed", model_path)
+        if size != header["model"]["size"]:
+            log.info("ignoring the cache of %s: it was built for a file of another size", model_path)
             return None
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if hashlib.sha256(memoryview(mm)[: header["data_offset"]]).hexdigest() != header["header_sha256"]:
-        log.info("ignoring stale cache for %s: the header bytes changed", model_path)
-        return None
-    gf = gguf.GGUFFile(model_path, mm, header["version"], header["metadata"], None, header["data_offset"],
-                       header["alignment"])  # fmt: skip
+    data_offset = header["data_offset"]
+    if not (isinstance(data_offset, int) and data_offset > 0):
+        raise ValueError(f"bad data offset {data_offset!r}")
+    found = _identity(mm, data_offset)
+    for key, what in (("header_sha256", "its header bytes (metadata, tensor table)"),
+                      ("data_sample_sha256", "its tensor data (sampled)")):  # fmt: skip
+        if found[key] != header["model"][key]:
+            log.info("ignoring the cache of %s: it was built for another file (%s differ)", model_path, what)
+            return None
+    gf = gguf.GGUFFile(model_path, mm, header["version"], header["metadata"], None, data_offset, header["alignment"])
     gf.tensors = {
         name: gguf.TensorInfo(name, GGMLType(type_id), tuple(ne), offset, n_bytes, gf)
         for name, type_id, ne, offset, n_bytes in header["tensors"]
@@ -128,5 +173,5 @@ def open_model(model_path: str) -> OpenedModel:
             if opened is not None:
                 return opened
         except Exception as e:  # any defect of the cache only means: parse the model instead
-            log.info("ignoring unreadable cache %s: %s", cpath, e)
+            log.info("ignoring the unreadable cache %s: %s", cpath, e)
     return OpenedModel(gguf.read(model_path), None, None, cache_used=False)
