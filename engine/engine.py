@@ -371,11 +371,11 @@ class Engine:
         ids = self._encode_prompt(prompt)
         if len(ids) > self.max_seq:
             raise ContextOverflow(len(ids), self.max_seq, "the prompt")
+        header = self._state_header(ids)  # first: a runner without state files refuses here
         with self._lock:
             self.runner.reset()
             with Stopwatch() as prompt_sw:
                 self.runner.forward(ids, "none")
-            header = self._state_header(ids)
             with Stopwatch() as save_sw:
                 summary = state.save(path, header, self.runner.export_state())
         return {**summary, "prompt_eval_ms": round(prompt_sw.ms, 3), "save_ms": round(save_sw.ms, 3)}

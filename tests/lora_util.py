@@ -3,6 +3,7 @@ held to (W + scale · B·A on the dequantized base). Shared by the tests and scr
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import gguf
@@ -39,6 +40,17 @@ def random_pairs(base: GGUFFile, shorts: list[str], rank: int, seed: int, std: f
         b = rng.standard_normal((*experts, ne[1], rank)).astype(np.float32) * std
         out[name] = (a, b)
     return out
+
+
+def pairs_sha256(pairs: dict) -> str:
+    """sha256 over an adapter's tensors (name, then a's and b's float32 bytes), in name order."""
+    h = hashlib.sha256()
+    for name in sorted(pairs):
+        a, b = pairs[name]
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(a, np.float32).tobytes())
+        h.update(np.ascontiguousarray(b, np.float32).tobytes())
+    return h.hexdigest()
 
 
 def write_adapter(path: str | os.PathLike, arch: str, pairs: dict, alpha: float, dtype=np.float32,

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from engine.cuda import driver, memory
 from engine.cuda import k_sample as ks
 from engine.cuda.memory import DeviceArray
-from engine.errors import ContextOverflow
+from engine.errors import ContextOverflow, UnsupportedArchitecture
 from engine.sampling import SamplingParams
 
 MAX_GRAPHS = 16  # prefill lengths kept as graphs (least recently used dropped)
@@ -36,6 +36,8 @@ class CudaRunner:
         self.stream = stream
         self.device = device
         self.position = 0
+        # The state file whose K/V rows the caches still hold (see import_state); forgotten by any write below its end.
+        self._resident = None
         self.use_graphs = os.environ.get("REFLEX_CUDA_GRAPHS", "1") != "0"
         self._graphs: OrderedDict[object, memory.Graph] = OrderedDict()
         self._seen: set[int] = set()
@@ -136,6 +138,7 @@ class CudaRunner:
         if self.position + n > self.max_seq:
             raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
         driver.start_context(self.device)
+        self._writing()
         b, rows_out = self.model.max_batch, []
         for at in range(0, n, b):
             chunk = list(ids[at : at + b])
@@ -187,6 +190,7 @@ class CudaRunner:
         if self.position + n > self.max_seq:
             raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
         driver.start_context(self.device)
+        self._writing()
         if n == 1:  # the decode step: model and LM head as one graph
             self._upload_ctrl(ids, step)
             self._run("decode", lambda: self.model.forward(1) + self.model.head_logits(0, 1), capture=True)
@@ -219,3 +223,58 @@ class CudaRunner:
         memory.synchronize(self.stream)
         self._ctrl_host[1] = step
         memory.memcpy_async(self.model.step.ptr, ctypes.addressof(self._ctrl_host) + 4, 4, memory.H2D, self.stream)
+
+    # -- state files (engine/state.py) -------------------------------------------------------------------------
+
+    def _writing(self) -> None:
+        """Tokens are about to be written at self.position: rows of a resident state from there on are gone."""
+        if self._resident is not None and self.position < self._resident.n_positions:
+            self._resident = None
+
+    @property
+    def state_layout(self) -> str:
+        layout = getattr(self.model, "STATE_LAYOUT", None)
+        if layout is None or not hasattr(self.model, "state_arrays"):
+            raise UnsupportedArchitecture(f"{self.cfg.arch}: state files have no CUDA path for this model yet")
+        return layout
+
+    def state_spec(self, n: int) -> list[tuple[str, str, tuple]]:
+        self.state_layout  # noqa: B018 - raises for a model without state arrays
+        return [(name, "f4", shape) for name, shape, _, _ in self.model.state_arrays(n)]
+
+    def export_state(self) -> list:
+        """The caches after the current position as state-file arrays; each device run is copied out when the
+        file writer reaches it, so at most one run is on the host at a time."""
+        from engine import state
+
+        self.state_layout  # noqa: B018
+        driver.start_context(self.device)
+        memory.synchronize(self.stream)
+
+        def chunks(runs):
+            for address, n_bytes in runs:
+                host = bytearray(n_bytes)
+                memory.memcpy(ctypes.addressof((ctypes.c_char * n_bytes).from_buffer(host)), address, n_bytes,
+                              memory.D2H)  # fmt: skip
+                yield host
+
+        return [state.Array(name, "f4", shape, chunks(runs))
+                for name, shape, runs, _ in self.model.state_arrays(self.position)]  # fmt: skip
+
+    def import_state(self, sf) -> None:
+        """Continue from a state file's position (checked against this runner by engine/state.py already). K/V rows
+        still resident from the last import of the same file are not copied again."""
+        driver.start_context(self.device)
+        memory.synchronize(self.stream)
+        n = sf.n_positions
+        for name, _, runs, positional in self.model.state_arrays(n):
+            if positional and self._resident is sf:
+                continue
+            at = sf.arrays[name].offset
+            for address, n_bytes in runs:
+                src = ctypes.addressof(ctypes.c_char.from_buffer(sf.mm, at))
+                memory.memcpy_async(address, src, n_bytes, memory.H2D, self.stream)
+                at += n_bytes
+        memory.synchronize(self.stream)
+        self._resident = sf
+        self.position = n

@@ -22,6 +22,7 @@ from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
 from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, passes, use_matvec
 from engine.cuda.driver import Launch
+from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray
 from engine.cuda.upload import DeviceWeights
 from engine.errors import UnsupportedArchitecture
@@ -39,6 +40,11 @@ def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
 
 
 class CudaModel:
+    # LoRA updates this model applies (engine/cuda/lora.py: two extra launches beside each adapted matmul).
+    LORA_TARGETS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})
+    # State files (engine/state.py): the same K/V rows as the NumPy backend's KVCache, so states move between them.
+    STATE_LAYOUT = "kv-f32/1"
+
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
         if cfg.rope_scaling.kind not in ("none", "linear") or cfg.rope_scaling.mscale != 1.0:
             raise UnsupportedArchitecture(f"{cfg.arch}: RoPE scaling '{cfg.rope_scaling.kind}' (cos/sin magnitude "
@@ -54,6 +60,7 @@ class CudaModel:
         self.output = self.token_embd if cfg.tied_output else top["output"]
         self.output_norm = top["output_norm"]  # (dim,) f32
         self.rope_freqs = top.get("rope_freqs")  # (rope_dim/2,) f32 or None
+        self.lora = NO_LORA  # engine/cuda/lora.attach replaces it before the first launch list is built
         # MoE layers (qwen3moe, llama files with experts) run engine/models/moe_cuda.py's FFN instead of the dense one.
         moe = cfg.moe
         self.moe = [MoEFFN(cfg, L, max_batch) if moe is not None and i >= moe.n_dense_leading else None
@@ -87,6 +94,16 @@ class CudaModel:
     def kv_cache_bytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
+    def state_arrays(self, n: int) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], bool]]:
+        """The K/V rows of positions 0..n-1 as a state file holds them: (name, shape, device segments (address,
+        bytes) in C order, positional). Each layer's n rows are one contiguous run of its cache."""
+        c, out = self.cfg, []
+        for name, cache in (("k", self.k_cache), ("v", self.v_cache)):
+            row_bytes = 4 * cache.shape[2] * cache.shape[3]
+            runs = [(cache.ptr + (i * self.max_seq) * row_bytes, n * row_bytes) for i in range(c.n_layers)]
+            out.append((name, (c.n_layers, n, *cache.shape[2:]), runs, True))
+        return out
+
     # -- the forward pass ----------------------------------------------------------------------------------
 
     def forward(self, n: int) -> list[Launch]:
@@ -119,13 +136,20 @@ class CudaModel:
 
     def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
                 norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
-        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM."""
+        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM;
+        then each LoRA update of w: t = A · x[:n] (the same norm), y[:n] += B' · t."""
         if not use_matvec(n):
             assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
-            return [kg.gemm(w, x, n, y, resid=resid)]
-        eps = self.cfg.norm_eps
-        return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
-                          resid=None if resid is None else _rows(resid, at, m)) for at, m in passes(n)]  # fmt: skip
+            out = [kg.gemm(w, x, n, y, resid=resid)]
+        else:
+            eps = self.cfg.norm_eps
+            out = [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
+                             resid=None if resid is None else _rows(resid, at, m)) for at, m in passes(n)]  # fmt: skip
+        for pair in self.lora.of(w.name):
+            t = self.lora.scratch(pair)
+            out += self._matmul(pair.a, x, n, t, norm_w=norm_w)
+            out += self._matmul(pair.b, t, n, y, resid=y)
+        return out
 
     def _qkv(self, L: dict, n: int) -> list[Launch]:
         if use_matvec(n):  # the attention norm rides along in each matvec
@@ -142,7 +166,8 @@ class CudaModel:
         small = use_matvec(n)
         out = [] if small else [knr.rmsnorm_rows(self.x, L["ffn_norm"], eps, self.xb, n)]
         src, norm = (self.x, L["ffn_norm"]) if small else (self.xb, None)
-        if gate.ggml_type != up.ggml_type:  # mixed types cannot share one fused launch
+        adapted = self.lora.of(gate.name) or self.lora.of(up.name)
+        if gate.ggml_type != up.ggml_type or adapted:  # mixed types or LoRA updates cannot share one fused launch
             out += self._matmul(gate, src, n, self.hb, norm_w=norm)
             out += self._matmul(up, src, n, self.hb2, norm_w=norm)
             out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
