@@ -27,8 +27,11 @@ class GenerateStream:
     """
 
     def __init__(self, runner, tokenizer, prompt_ids: list[int], params: SamplingParams, max_tokens: int,
-                 stops: Sequence[str], tokenize_ms: float):  # fmt: skip
+                 stops: Sequence[str], tokenize_ms: float, chooser=None):  # fmt: skip
         self.runner = runner
+        # chooser(logits (n_vocab,) f32 on the host, params, step) -> id: set for logprobs or a grammar. It costs a
+        # logits row to the host per token on CUDA, so without one the backend samples on its own (device) path.
+        self.chooser = chooser
         self.tokenizer = tokenizer
         self.prompt_ids = prompt_ids
         self.params = params
@@ -38,6 +41,12 @@ class GenerateStream:
         self.result: dict | None = None
         self.first_token_at: float | None = None  # CLOCK_BOOTTIME seconds
 
+    def _next(self, ids: list[int], step: int) -> int:
+        """Consume `ids`, choose the next token."""
+        if self.chooser is None:
+            return self.runner.sample_next(ids, self.params, step)
+        return self.chooser(self.runner.forward(ids, "last"), self.params, step)
+
     def __iter__(self) -> Iterator[dict]:
         ids: list[int] = []
         text, emitted, pending = "", 0, []  # pending: ids not yet handed out in a chunk
@@ -45,7 +54,7 @@ class GenerateStream:
         decoder = self.tokenizer.stream_decoder()
         # Only the engine's own work is timed: a consumer may take its time between chunks.
         with Stopwatch() as prompt_sw:
-            tok = self.runner.sample_next(self.prompt_ids, self.params, 0)
+            tok = self._next(self.prompt_ids, 0)
         self.first_token_at = now()
         decode_ms = 0.0
         while True:
@@ -67,7 +76,7 @@ class GenerateStream:
             yield {"text": text[emitted:safe], "token_ids": pending}
             emitted, pending = max(emitted, safe), []
             t0 = now()
-            tok = self.runner.sample_next([tok], self.params, len(ids))
+            tok = self._next([tok], len(ids))
             decode_ms += (now() - t0) * 1000.0
         # Generation is over, so text held back as a possible stop-string prefix is final now.
         if pending or len(text) > emitted:

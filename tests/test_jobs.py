@@ -99,11 +99,13 @@ def test_openai_fields_are_accepted_at_their_neutral_values_only():
     for field, value, match in [
         ("n", 2, "n=2 is not supported"),
         ("presence_penalty", 0.5, "presence_penalty=0.5 is not supported"),
-        ("logprobs", True, "logprobs=True is not supported"),
+        ("top_logprobs", 2, "top_logprobs needs logprobs: true"),
+        ("top_logprobs", 21, "less than or equal to 20"),
         ("tools", [], "tools: Extra inputs are not permitted"),
         ("temperature", 2.5, "temperature"),
         ("stream_options", {"include_usage": True}, "only allowed with stream: true"),
-        ("response_format", {"type": "json_object"}, "response_format.type"),
+        ("response_format", {"type": "json_schema"}, "json_schema is required"),
+        ("response_format", {"type": "xml"}, "response_format.type"),
     ]:
         with pytest.raises(InvalidInput, match=match):
             parse({"openai_route": CHAT, "openai_input": {**base, field: value}})

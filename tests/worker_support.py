@@ -55,8 +55,15 @@ def typed_error(output) -> dict | None:
     if not (isinstance(output, dict) and "error" in output):
         return None
     err = json.loads(output["error"])
-    assert set(err) == {"error", "error_kind"} and isinstance(err["error"], str), err
+    assert set(err) == {"error", "error_kind"}, err
     assert err["error_kind"] in ERROR_KINDS and err["error_kind"] == output["error_kind"], err
+    if isinstance(err["error"], dict):  # an OpenAI route's error: OpenAI's error object
+        from openai.types import ErrorObject
+
+        body = ErrorObject.model_validate(err["error"], strict=True)
+        assert body.code in (err["error_kind"], "context_length_exceeded"), err
+        err = {"error": body.message, "error_kind": err["error_kind"]}
+    assert isinstance(err["error"], str), err
     return err
 
 

@@ -202,8 +202,27 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat; completions allow 5 there, vLLM 20 for both
+
+
+class JsonSchemaFormat(_Strict):
+    name: Annotated[str, Field(max_length=64)] = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # checked by engine/worker/structured.py
+    strict: bool | None = None
+
+
 class ResponseFormat(_Strict):
-    type: Literal["text"]
+    """OpenAI's response_format: plain text, any JSON object, or JSON matching a schema (constrained decoding)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only then")
+        return self
 
 
 class _OpenAIRequest(_Strict):
@@ -232,6 +251,8 @@ class _OpenAIRequest(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None  # a Lark or GBNF grammar for the output (llama.cpp's and vLLM's servers take one)
 
     @model_validator(mode="after")
     def _supported(self, info: ValidationInfo) -> _OpenAIRequest:
@@ -269,14 +290,23 @@ class _OpenAIRequest(_Strict):
 
 class ChatCompletionRequest(_OpenAIRequest):
     route: ClassVar[str] = "/v1/chat/completions"
-    neutral: ClassVar[dict[str, tuple]] = {**_OpenAIRequest.neutral, "logprobs": (None, False), "top_logprobs": (None,)}
 
     messages: Messages
     max_completion_tokens: int | None = Field(None, ge=1)
     chat_template_kwargs: TemplateKwargs | None = None
-    response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def n_logprobs(self) -> int | None:
+        """Alternatives per token when logprobs are asked for (0: the chosen token's only), else None."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -289,13 +319,17 @@ class ChatCompletionRequest(_OpenAIRequest):
 class CompletionRequest(_OpenAIRequest):
     route: ClassVar[str] = "/v1/completions"
     neutral: ClassVar[dict[str, tuple]] = {**_OpenAIRequest.neutral, "echo": (None, False), "suffix": (None,),
-                                           "best_of": (None, 1), "logprobs": (None,)}  # fmt: skip
+                                           "best_of": (None, 1)}  # fmt: skip
 
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
 
     @property
     def text(self) -> str:
