@@ -51,7 +51,12 @@ RUN --mount=type=secret,id=HF_TOKEN,required=false \
     python scripts/fetch_model.py /models
 COPY engine/ engine/
 # Everything the cold path could parse is parsed now: tokenizer, metadata, tensor table, sha256.
-RUN python -m engine prepare /models/model.gguf
+# PREFIX_TEXT (optional): a prompt prefix the jobs share (a system prompt). Its state (K/V rows) is baked beside the
+# model as model.gguf.reflex-prefix, on the CPU backend here, and every job whose prompt starts with it resumes from
+# it (timings.prefix_tokens_reused). A state is tied to the model and adapters: with LORA_ADAPTERS it is ignored.
+ARG PREFIX_TEXT=""
+RUN if [ -n "$PREFIX_TEXT" ]; then python -m engine prepare /models/model.gguf --prefix "$PREFIX_TEXT"; \
+    else python -m engine prepare /models/model.gguf; fi
 
 FROM pydeps AS runtime
 ARG MODEL_REPO=unsloth/Qwen3-0.6B-GGUF

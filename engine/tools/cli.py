@@ -40,7 +40,21 @@ def _model_path(model: str) -> str:
 def _load(args):
     from engine.engine import Engine
 
-    return Engine.load(_model_path(args.model), backend=args.backend, max_seq_len=args.max_seq_len)
+    return Engine.load(_model_path(args.model), backend=args.backend, max_seq_len=args.max_seq_len,
+                       lora=_lora_specs(args), prefix_state=getattr(args, "import_state", None))  # fmt: skip
+
+
+def _lora_specs(args) -> list[tuple[str, float]]:
+    from engine import lora
+
+    return [lora.parse_spec(spec) for spec in getattr(args, "lora", None) or []]
+
+
+def _exported(engine, args, result: dict) -> dict:
+    """With --export-state PATH: the prompt's state written to PATH, its summary added to the result."""
+    if getattr(args, "export_state", None):
+        result["state_exported"] = engine.save_state(args.prompt, args.export_state)
+    return result
 
 
 def _check_sizes(prompt: str, candidates: list[str] | None = None) -> None:
@@ -59,7 +73,7 @@ def _check_sizes(prompt: str, candidates: list[str] | None = None) -> None:
 def cmd_system1(args) -> int:
     _check_sizes(args.prompt, args.candidate)
     engine = _load(args)
-    _print(engine.system1(args.prompt, args.candidate, temperature=args.temperature))
+    _print(_exported(engine, args, engine.system1(args.prompt, args.candidate, temperature=args.temperature)))
     return 0
 
 
@@ -76,9 +90,9 @@ def cmd_generate(args) -> int:
         for chunk in stream:
             _print(chunk)
             sys.stdout.flush()
-        _print(stream.result)
+        _print(_exported(engine, args, stream.result))
     else:
-        _print(engine.generate(args.prompt, **_sampling(args)))
+        _print(_exported(engine, args, engine.generate(args.prompt, **_sampling(args))))
     return 0
 
 
@@ -89,6 +103,12 @@ def cmd_prepare(args) -> int:
     with timing.Stopwatch() as sw:
         opened = open_model(args.model)
     summary.update(reopen_ms=round(sw.ms, 3), cache_used=opened.cache_used)
+    if args.prefix is not None:  # the shared system prompt's state, resumed by every job that starts with it
+        from engine import state
+        from engine.engine import Engine
+
+        engine = Engine.load(args.model, backend=args.backend, lora=_lora_specs(args))
+        summary["prefix"] = engine.save_state(args.prefix, state.prefix_path(args.model))
     _print(summary)
     return 0
 
@@ -238,9 +258,18 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--backend", choices=["auto", "cpu", "cuda"], default=None,
                        help="default: REFLEX_BACKEND, else cuda when a GPU and built kernels are present")  # fmt: skip
         s.add_argument("--max-seq-len", type=_integer(1), default=None, help="positions per sequence (default 4096)")
+        _lora_arg(s)
+        s.add_argument("--import-state", metavar="PATH", default=None,
+                       help="a state file (--export-state) to resume prompts that start with it")  # fmt: skip
         return s
 
+    def _lora_arg(s: argparse.ArgumentParser) -> None:
+        s.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
+                       help="a LoRA adapter GGUF and its scale (default 1); repeat for several")  # fmt: skip
+
+    export = dict(metavar="PATH", default=None, help="also write the prompt's state to PATH (for --import-state)")
     s = model_cmd("system1", "score candidate continuations of a prompt")
+    s.add_argument("--export-state", **export)
     s.add_argument("prompt")
     s.add_argument("--candidate", action="append", required=True, help="a candidate text (repeat)")
     s.add_argument("--temperature", type=_number(0.0, lo_open=True), default=1.0,
@@ -248,6 +277,7 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_system1)
 
     g = model_cmd("generate", "generate tokens")
+    g.add_argument("--export-state", **export)
     g.add_argument("prompt")
     g.add_argument("--max-tokens", type=_integer(1), default=64)
     g.add_argument("--temperature", type=_number(0.0), default=0.0)
@@ -287,6 +317,10 @@ def _parser() -> argparse.ArgumentParser:
     about = "write the cold-start cache (tokenizer, metadata, tensor table) next to a model, as MODEL.reflex-cache"
     r = sub.add_parser("prepare", help=about, description=about + " (the one place the loader looks for it)")
     r.add_argument("model")
+    r.add_argument("--prefix", metavar="TEXT", default=None,
+                   help="also bake this prompt prefix's state beside the model (MODEL.reflex-prefix)")  # fmt: skip
+    r.add_argument("--backend", choices=["auto", "cpu", "cuda"], default=None, help="backend that runs the prefix")
+    _lora_arg(r)
     r.set_defaults(func=cmd_prepare)
     return p
 
