@@ -28,9 +28,10 @@ SEED_LIMIT = 1 << 63
 # Shape bounds checked before pydantic (see _check_shape): generous for any real job, small enough that rejecting
 # the worst job they allow costs milliseconds.
 MAX_NODES = 1 << 16  # values (of any type) in one job
-MAX_KEYS = 64  # keys of one object (the largest schema has ~25 fields)
+MAX_KEYS = 1024  # keys of one object (a JSON schema's properties, a logit_bias)
 MAX_KEY_CHARS = 128
-MAX_DEPTH = 16  # the deepest real path is openai_input.messages.N.content.N.text
+MAX_DEPTH = 64  # nesting (messages: 6 levels; a response_format's JSON schema goes deeper)
+MAX_ITEMS = 4096  # items of a list without a limit of its own (candidates, messages, content, stop have theirs)
 
 
 def _check_shape(raw: Any, limits: Limits) -> None:
@@ -43,7 +44,7 @@ def _check_shape(raw: Any, limits: Limits) -> None:
     """
     named = {"candidates": (limits.max_candidates, " (MAX_CANDIDATES)"), "messages": (MAX_MESSAGES, ""),
              "content": (MAX_CONTENT_PARTS, ""), "stop": (MAX_STOPS, "")}  # fmt: skip
-    any_list = max(MAX_MESSAGES, limits.max_candidates)
+    any_list = max(MAX_ITEMS, limits.max_candidates)
     stack: list[tuple[tuple, Any]] = [((), raw)]
     seen = 0
     while stack:
@@ -119,7 +120,7 @@ class TextPart(_Strict):
 
 class Message(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    content: str | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS, fail_fast=True)] | None = None
     name: str | None = None
 
     @property
@@ -136,7 +137,8 @@ class Message(_Strict):
         return out
 
 
-Messages = Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+# fail_fast on every typed list: one error for a list of wrong elements, not one per element (see _check_shape).
+Messages = Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES, fail_fast=True)]
 
 
 class _Conditioned(_Strict):
@@ -159,7 +161,7 @@ class _Conditioned(_Strict):
 
 class System1Job(_Conditioned):
     mode: Literal["system1"] | None = None
-    candidates: list[str] = Field(min_length=1)
+    candidates: list[str] = Field(min_length=1, fail_fast=True)
     temperature: float = Field(1.0, gt=0.0)
 
     @model_validator(mode="after")
@@ -181,7 +183,7 @@ class GenerateJob(_Conditioned):
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
-    stop: list[StopText] = Field(default_factory=list, max_length=MAX_STOPS)
+    stop: list[StopText] = Field(default_factory=list, max_length=MAX_STOPS, fail_fast=True)
     stream: bool = False
 
     @model_validator(mode="after")
@@ -243,7 +245,7 @@ class _OpenAIRequest(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)  # not OpenAI's; llama.cpp's and vLLM's servers take it too
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
-    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS, fail_fast=True)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -321,7 +323,7 @@ class CompletionRequest(_OpenAIRequest):
     neutral: ClassVar[dict[str, tuple]] = {**_OpenAIRequest.neutral, "echo": (None, False), "suffix": (None,),
                                            "best_of": (None, 1)}  # fmt: skip
 
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1, fail_fast=True)]
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
