@@ -84,6 +84,7 @@ class Worker:
         self.boot: dict[str, Any] = engine.cold_start if engine is not None else {}
         self._first_job_seen = False
         self.settings = Settings()
+        self.reasoning = False  # split <think> into reasoning_content (engine/worker/reasoning.py)
 
     @classmethod
     def load(cls, model_path: str | None = None, env: Mapping[str, str] = os.environ) -> Worker:
@@ -94,7 +95,7 @@ class Worker:
         A failure to load is kept, not raised: every job then answers with it (typed), and the fitness check
         (`check_ready`) fails so the platform replaces the worker.
         """
-        from engine.worker import models, vllm
+        from engine.worker import models, reasoning, vllm
 
         served = None
         try:
@@ -111,6 +112,7 @@ class Worker:
                 engine.tokenizer.chat_template = settings.chat_template
             worker = cls(engine, Limits.from_env(env), served_name=served)
             worker.settings = settings
+            worker.reasoning = reasoning.enabled(engine.tokenizer.chat_template, env.get("REASONING_PARSER"))
             worker.boot["model_source"] = resolved.source if resolved else "default"
             return worker
         except Exception as e:
@@ -130,7 +132,7 @@ class Worker:
             self._first_job_seen = True
             self.boot["process_start_to_first_job_ms"] = timing.since_process_start_ms()
         if self.engine is None:
-            yield error_output(self.load_error)
+            yield self._error(self.load_error, job_input)
             return
         try:
             from engine.worker import jobs, openai_api
@@ -148,11 +150,23 @@ class Worker:
                 created = int(os.path.getmtime(self.engine.path))
                 yield openai_api.models(self.served_name, created, self.engine.max_seq)
             else:
-                yield from self._openai(job)
+                from engine.worker import openai_jobs
+
+                yield from openai_jobs.answer(self, job)
         except Exception as e:  # the worker keeps serving after every failure; GeneratorExit is not caught
             if not isinstance(e, EngineError):
                 log.exception("internal error")
-            yield error_output(e)
+            yield self._error(e, job_input)
+
+    @staticmethod
+    def _error(e: BaseException, job_input: Any) -> dict:
+        """The error output; an OpenAI route's carries OpenAI's error object (its kind rides along)."""
+        out = error_output(e)
+        if isinstance(job_input, dict) and "openai_route" in job_input:
+            from engine.worker import openai_api
+
+            out["error"] = openai_api.error(out)[0]["error"]
+        return out
 
     def _prompt(self, job: jobs.System1Job | jobs.GenerateJob) -> str:
         if job.prompt is not None:
@@ -163,36 +177,13 @@ class Worker:
     def _generate(self, prompt: str, sampling: dict, stream: bool) -> Iterator[dict | None]:
         s = self.engine.generate_stream(prompt, **sampling)  # limits and context overflow raise here, before any yield
         if stream:
-            yield from self._batches(s)
+            yield from self.stream_batches(s)
         else:
             for _ in s:  # one decode step per tick
                 yield None
         yield s.result
 
-    def _openai(self, req: jobs.ChatCompletionRequest | jobs.CompletionRequest) -> Iterator[dict | str]:
-        from engine.worker import jobs, openai_api
-
-        if isinstance(req, jobs.ChatCompletionRequest):
-            prompt = self.engine.apply_chat_template([m.for_template() for m in req.messages],
-                                                     **(req.chat_template_kwargs or {}))  # fmt: skip
-        else:
-            prompt = req.text
-        sampling = req.sampling(req.requested_max_tokens or self._room(prompt))
-        response = openai_api.Response(req.route, self.served_name)
-        s = self.engine.generate_stream(prompt, **sampling)
-        if not req.stream:
-            for _ in s:
-                yield None
-            yield response.complete(s.result)
-            return
-        for batch in self._batches(s):
-            if batch is None or not batch["text"]:
-                yield None
-            else:
-                yield openai_api.sse(response.chunk(batch["text"]))
-        yield response.last_events(s.result, req.include_usage)
-
-    def _batches(self, stream) -> Iterator[dict | None]:
+    def stream_batches(self, stream) -> Iterator[dict | None]:
         st = self.settings
         return batches(stream, st.stream_first, st.stream_growth, st.stream_largest)
 
@@ -224,7 +215,7 @@ class Worker:
         elif texts:
             yield batch_output(texts, n_prompt, n_out)
 
-    def _room(self, prompt: str) -> int:
+    def room(self, prompt: str) -> int:
         """OpenAI's default max_tokens: whatever the context has left, up to MAX_NEW_TOKENS."""
         room = self.engine.max_seq - len(self.engine.tokenizer.encode(prompt))
         return max(1, min(self.limits.max_new_tokens, room))
