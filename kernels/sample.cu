@@ -213,7 +213,7 @@ __device__ int draw_all(Smem& sh, const float* __restrict__ logits, const Filter
 
 }  // namespace
 
-// out[0] = lowest index among the maxima of logits[0:V]. Block 1024, grid 1.
+// out[0] = lowest index among the maxima of logits[0:V], or -1 if any is NaN or infinite. Block 1024, grid 1.
 extern "C" __global__ void __launch_bounds__(1024) argmax_f32(const float* __restrict__ logits, int V, int* out) {
     __shared__ float fred[32];
     __shared__ int ired[32];
@@ -221,7 +221,8 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_f32(const float* __res
     if (threadIdx.x == 0) *out = a;
 }
 
-// engine.sampling.sample on the device, then *step += 1. Block 1024, grid 1.
+// engine.sampling.sample on the device (out[0] = -1 if any logit is NaN or infinite), then *step += 1. Block 1024,
+// grid 1.
 extern "C" __global__ void __launch_bounds__(1024)
 sample_f32(const float* __restrict__ logits, int V, float temperature, int top_k, float top_p,
            unsigned long long seed, int* step, int* out) {
@@ -231,11 +232,18 @@ sample_f32(const float* __restrict__ logits, int V, float temperature, int top_k
         id = block_argmax(logits, V, sh.fred, sh.ired);
     } else {
         float xmax = neg_inf();  // max z = max(logits) / T: division by T > 0 is monotone
-        stream(logits, V, [&](bool ok, int, float x) { xmax = ok ? fmaxf(xmax, x) : xmax; });
+        bool bad = false;        // a NaN or infinite logit anywhere: no draw, id -1 (block_argmax does the same)
+        stream(logits, V, [&](bool ok, int, float x) {
+            xmax = ok ? fmaxf(xmax, x) : xmax;
+            bad |= ok && nonfinite(x);
+        });
         for (int o = 16; o > 0; o >>= 1) xmax = fmaxf(xmax, __shfl_xor_sync(FULL, xmax, o));
         if (lane_id() == 0) sh.fred[threadIdx.x >> 5] = xmax;
         if (threadIdx.x == 0) sh.ncand = -1;
-        __syncthreads();
+        if (__syncthreads_or(bad)) {  // uniform
+            if (threadIdx.x == 0) *out = -1, *step += 1;
+            return;
+        }
         xmax = sh.fred[lane_id()];
         for (int o = 16; o > 0; o >>= 1) xmax = fmaxf(xmax, __shfl_xor_sync(FULL, xmax, o));
         Filter f{xmax, 1.4426950408889634f / temperature, 0u, 0u, V};

@@ -63,13 +63,20 @@ __device__ __forceinline__ bool better(float a, int ia, float b, int ib) {
     return ia < ib;
 }
 
-// Every thread returns the block-wide result. fred / ired: 32 entries each of shared memory.
+// NaN or +-inf: the exponent bits all set (one AND and compare, on a value already in a register).
+__device__ __forceinline__ bool nonfinite(float x) { return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u; }
+
+// Every thread returns the block-wide result, or -1 when any logit is not finite (a broken model: no token is
+// chosen from NaNs). fred / ired: 32 entries each of shared memory.
 __device__ int block_argmax(const float* __restrict__ logits, int V, float* fred, int* ired) {
     float bv = neg_inf();
     int bi = V;  // beaten by any real element, -inf included
+    bool bad = false;
     stream(logits, V, [&](bool ok, int i, float x) {
+        bad |= ok && nonfinite(x);
         if (ok && better(x, i, bv, bi)) bv = x, bi = i;
     });
+    if (__syncthreads_or(bad)) return -1;  // uniform: every thread sees the same answer
     for (int round = 0; round < 2; ++round) {  // warp, then block
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {

@@ -19,15 +19,16 @@ def _vocab(logits: DeviceArray, V: int, out: DeviceArray) -> None:
 
 
 def argmax(logits: DeviceArray, V: int, out: DeviceArray) -> Launch:
-    """out[0] = the lowest index among the maxima of logits[:V] (f32); out (1,) i32. Kernel argmax_f32."""
+    """out[0] = the lowest index among the maxima of logits[:V] (f32), or -1 when any is NaN or infinite (the
+    runner's NonFiniteLogits); out (1,) i32. Kernel argmax_f32."""
     _vocab(logits, V, out)
     return Launch(driver.module("sample").fn("argmax_f32"), (1,), (1024,), [ptr(logits), i32(V), ptr(out)])
 
 
 def sample(logits: DeviceArray, V: int, temperature: float, top_k: int, top_p: float, seed: int, step: DeviceArray,
            out: DeviceArray) -> Launch:  # fmt: skip
-    """engine.sampling.sample(logits[:V], params, *step) into out (1,) i32, then *step += 1 (step (1,) i32).
-    Kernel sample_f32; temperature 0 or top_k 1 is greedy."""
+    """engine.sampling.sample(logits[:V], params, *step) into out (1,) i32, then *step += 1 (step (1,) i32);
+    out -1 when any logit is NaN or infinite. Kernel sample_f32; temperature 0 or top_k 1 is greedy."""
     _vocab(logits, V, out)
     need(step, "step", "i4", 1)
     if not (temperature >= 0.0 and top_k >= 0 and 0.0 < top_p <= 1.0 and 0 <= seed < 1 << 64):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from engine.cuda import driver, memory
 from engine.cuda import k_sample as ks
 from engine.cuda.memory import DeviceArray
-from engine.errors import ContextOverflow, UnsupportedArchitecture
+from engine.errors import ContextOverflow, NonFiniteLogits, UnsupportedArchitecture
 from engine.sampling import SamplingParams
 
 MAX_GRAPHS = 16  # prefill lengths kept as graphs (least recently used dropped)
@@ -209,7 +209,10 @@ class CudaRunner:
                       self.model.step, self.token)(self.stream)  # fmt: skip
         memory.memcpy_async(ctypes.addressof(self._ctrl_host) + 8, self.token.ptr, 4, memory.D2H, self.stream)
         memory.synchronize(self.stream)
-        return int(self._ctrl_host[2])
+        token = int(self._ctrl_host[2])
+        if token < 0:  # the sampler's mark for NaN or infinite logits: the model is broken, not the request
+            raise NonFiniteLogits()
+        return token
 
     def decode_launches(self, token: int) -> list:
         """The launches of one decode step for `token` at the current position, its inputs uploaded, nothing run and
