@@ -2,7 +2,7 @@
 # One full run on a GPU machine, logs under $OUT (or ./device-out): install the carried wheels, build the kernels
 # unless a build was carried, doctor + smoke, the GPU test suite, then the stages named in STAGES:
 #   tests      pytest -m gpu (+ the CPU suite's fast parts that touch the CUDA path)
-#   sanitizer  compute-sanitizer memcheck over the kernel tests
+#   sanitizer  compute-sanitizer memcheck over the kernel tests (SANITIZER_PATHS picks them)
 #   bench      the Qwen3-0.6B-shaped benchmark models: engine bench (warm + cold), conformance report
 # Usage: STAGES="tests bench" scripts/device_run.sh
 set -uo pipefail
@@ -24,11 +24,12 @@ cat "$OUT/env.txt" "$OUT/doctor.json"
 for stage in $STAGES; do
   case $stage in
     tests)
-      timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider ${TEST_PATHS:-tests} 2>&1 \
-        | tee "$OUT/gpu_tests.log" | tail -40 ;;
+      timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider --continue-on-collection-errors \
+        --junitxml "$OUT/gpu_tests.xml" ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
     sanitizer)
-      timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -m gpu -q -x -p no:cacheprovider \
-        tests/test_cuda_matvec.py tests/test_cuda_gemm.py tests/test_cuda_attention.py > "$OUT/sanitizer.log" 2>&1
+      timeout "${SANITIZER_TIMEOUT:-400}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -m gpu -q \
+        -x -p no:cacheprovider ${SANITIZER_PATHS:-tests/test_cuda_matvec.py tests/test_cuda_gemm.py tests/test_cuda_attention.py} \
+        > "$OUT/sanitizer.log" 2>&1
       echo "sanitizer exit $?"; tail -15 "$OUT/sanitizer.log" ;;
     bench)
       for q in q4_k_m q8_0; do
