@@ -37,6 +37,7 @@ config = {"return_aggregate_stream": True}
 
 async def handler(job):
     """Yields the job's outputs (one result, or stream batches then the result); errors as the last output."""
+    _imports.settle()  # the warm imports end before the engine's first step instead of competing with it
     job_input = job.get("input") if isinstance(job, dict) else None
     async for out in engine_thread.drive(serverless.for_runpod(worker.run(job_input), config)):
         yield out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.machinery
 import json
 import os
 import sys
@@ -69,6 +70,61 @@ def _cheap_cpuinfo():
             del sys.modules["cpuinfo"]
 
 
+# Packages of the SDK whose __init__ imports what the job loop never uses: the top-level package (the GraphQL API
+# client, the endpoint client, credentials from ~/.runpod), runpod.cli (its SSH group: paramiko, invoke) and
+# runpod.serverless.utils (S3 upload through boto3, downloads). Their submodules the loop needs import as usual.
+DEFERRED_PACKAGES = ("runpod", "runpod.cli", "runpod.serverless.utils")
+
+
+class _DeferredPackage(types.ModuleType):
+    """A package whose __init__ runs on the first attribute it does not already have (its submodules and the
+    attributes the import machinery sets are there without it), so `runpod.create_endpoint` or
+    `runpod.serverless.utils.upload_file_to_bucket` still work, paying for their imports only then."""
+
+    def __getattr__(self, name: str):
+        # `from runpod import agent` asks for the attribute before it imports the submodule: a submodule is not
+        # a reason to run the __init__
+        submodule = importlib.machinery.PathFinder.find_spec(f"{self.__name__}.{name}", self.__path__)
+        if self.__dict__.get("_init_ran") or submodule is not None:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        self.__dict__["_init_ran"] = True
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, name)
+
+
+def _defer(name: str, search_path: list[str] | None) -> types.ModuleType | None:
+    """Put a _DeferredPackage for `name` into sys.modules (found on `search_path`, its parent's folder, so that the
+    parent need not be imported first); None where the SDK has no such package."""
+    if name in sys.modules:
+        return None
+    spec = importlib.machinery.PathFinder.find_spec(name, search_path)
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    module = _DeferredPackage(name)
+    module.__spec__, module.__loader__, module.__file__ = spec, spec.loader, spec.origin
+    module.__path__, module.__package__ = list(spec.submodule_search_locations), name
+    sys.modules[name] = module
+    return module
+
+
+def import_job_loop() -> types.ModuleType:
+    """`runpod` with `runpod.serverless` (the job loop) imported and DEFERRED_PACKAGES left for later.
+    REFLEX_RUNPOD_DEFER=0 imports the SDK as shipped (for measuring)."""
+    if os.environ.get("REFLEX_RUNPOD_DEFER") != "0" and "runpod" not in sys.modules:
+        top = _defer("runpod", None)
+        if top is not None:
+            cli = _defer("runpod.cli", top.__path__)
+            utils = _defer("runpod.serverless.utils", [os.path.join(top.__path__[0], "serverless")])
+            import runpod.serverless
+
+            for parent, child, module in ((top, "cli", cli), (runpod.serverless, "utils", utils)):
+                if module is not None and child not in parent.__dict__:
+                    setattr(parent, child, module)  # what importing it as a submodule would have bound
+    import runpod.serverless
+
+    return sys.modules["runpod"]
+
+
 class RunpodImport:
     """Imports for the worker, off the cold path: `import runpod.serverless`, then the `preload` modules (needed
     before the first job), then — after `wait()` may already have returned — the `warm` ones (best effort, e.g.
@@ -85,16 +141,16 @@ class RunpodImport:
         self.error: BaseException | None = None
         self.import_ms = self.preload_ms = self.wait_ms = 0.0
         self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
         if background:
-            threading.Thread(target=self._run, name="worker-imports", daemon=True).start()
+            self._thread = threading.Thread(target=self._run, name="worker-imports", daemon=True)
+            self._thread.start()
 
     def _needed(self) -> None:
         t0 = timing.now()
         try:
             with _cheap_cpuinfo():
-                import runpod
-                import runpod.serverless  # the part that is slow
-            self.module = runpod
+                self.module = import_job_loop()
             self.import_ms = timing.ms_since(t0)
             t1 = timing.now()
             for name in self.preload:
@@ -120,6 +176,13 @@ class RunpodImport:
         if self.error is not None:
             raise self.error
         return self.module
+
+    def settle(self, timeout: float = 2.0) -> None:
+        """Let the `warm` imports finish (at most `timeout` s): called before the first job, so that they do not
+        take the GIL from the engine during its first prompt eval."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
 
     def phases(self) -> dict[str, Any]:
         return {"runpod_import_ms": self.import_ms, "preload_ms": self.preload_ms,
