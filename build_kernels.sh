@@ -4,6 +4,9 @@
 #   kernels/build/manifest.json   archs, nvcc version, per-module sha256 and size
 #   kernels/build/resources.txt   registers / shared memory / spills per kernel and arch (ptxas -v)
 # Fails loudly on any compile error or on a spill, prints the manifest. Works with CUDA 12.x and 13.x.
+# Incremental: a module is rebuilt only when its inputs changed: the .cu, the kernels/ headers it includes
+# (transitively), the flags and arch list, and the nvcc version, all hashed into kernels/build/<stem>.stamp (written
+# after a successful compile). FORCE=1 rebuilds everything. Outputs of deleted sources are removed.
 #   CUDA_ARCHS=90 ./build_kernels.sh      # one arch, for a fast local build
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,23 +28,64 @@ done
 gencode+=("-gencode=arch=compute_$highest,code=compute_$highest")
 
 mkdir -p "$OUT"
-rm -f "$OUT"/*.fatbin "$OUT"/*.ptxas.log
+for f in "$OUT"/*.fatbin; do  # modules whose source is gone
+  [ -e "$f" ] || continue
+  stem=$(basename "$f" .fatbin)
+  [ -f "kernels/$stem.cu" ] || rm -f "$f" "$OUT/$stem.ptxas.log" "$OUT/$stem.stamp"
+done
 GENCODE_FILE=$(mktemp)
 trap 'rm -f "$GENCODE_FILE"' EXIT
-export NVCC OUT GENCODE_FILE
+NVCC_FLAGS="-O3 -lineinfo -std=c++17 --fatbin -Xptxas -v -Ikernels"
+NVCC_VERSION=$("$NVCC" --version | tail -n 1)
+FORCE="${FORCE:-0}"
+export NVCC OUT GENCODE_FILE NVCC_FLAGS NVCC_VERSION FORCE
 printf '%s\n' "${gencode[@]}" > "$GENCODE_FILE"
+
+# The kernels/ headers that $1 includes with #include "...", transitively (<...> ones are the toolkit's, whose
+# version is in the stamp), sorted.
+includes() {
+  local -A seen=()
+  local todo=("$1") f h
+  while ((${#todo[@]})); do
+    f=${todo[-1]}
+    unset 'todo[-1]'
+    for h in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f"); do
+      h="kernels/$h"
+      if [[ -f $h && -z ${seen[$h]:-} ]]; then
+        seen[$h]=1
+        todo+=("$h")
+      fi
+    done
+  done
+  if ((${#seen[@]})); then printf '%s\n' "${!seen[@]}" | sort; fi
+}
+
 compile() {
-  local src=$1 stem
+  local src=$1 stem stamp
   stem=$(basename "$src" .cu)
   mapfile -t gc < "$GENCODE_FILE"
-  if ! "$NVCC" -O3 -lineinfo -std=c++17 --fatbin "${gc[@]}" -Xptxas -v -Ikernels \
-       -o "$OUT/$stem.fatbin" "$src" 2> "$OUT/$stem.ptxas.log"; then
-    cat "$OUT/$stem.ptxas.log" >&2
+  stamp=$({ printf '%s\n' "$NVCC_VERSION" "$NVCC_FLAGS" "${gc[@]}"
+            for f in "$src" $(includes "$src"); do printf '== %s\n' "$f"; cat "$f"; done; } | sha256sum | cut -d' ' -f1)
+  if [[ $FORCE != 1 && -f $OUT/$stem.fatbin && -f $OUT/$stem.ptxas.log &&
+        $(cat "$OUT/$stem.stamp" 2>/dev/null) == "$stamp" ]]; then
+    echo "build_kernels.sh: $stem up to date"
+    return 0
+  fi
+  rm -f "$OUT/$stem.stamp"
+  # -Xptxas -v goes to stderr; a private name per run, so concurrent builds never see a half-written module
+  # shellcheck disable=SC2086
+  if ! "$NVCC" $NVCC_FLAGS "${gc[@]}" -o "$OUT/$stem.fatbin.$$" "$src" 2> "$OUT/$stem.ptxas.log.$$"; then
+    cat "$OUT/$stem.ptxas.log.$$" >&2
+    rm -f "$OUT/$stem.fatbin.$$" "$OUT/$stem.ptxas.log.$$"
     echo "build_kernels.sh: FAILED $src" >&2
     return 1
   fi
+  mv -f "$OUT/$stem.ptxas.log.$$" "$OUT/$stem.ptxas.log"
+  mv -f "$OUT/$stem.fatbin.$$" "$OUT/$stem.fatbin"
+  echo "$stamp" > "$OUT/$stem.stamp"
+  echo "build_kernels.sh: $stem built"
 }
-export -f compile
+export -f includes compile
 ls kernels/*.cu | xargs -P "$JOBS" -I{} bash -c 'compile {}'
 
 # ptxas prints "Compiling entry function 'X' for 'sm_Y'", then the stack/spill line, then the registers line.
@@ -63,9 +107,8 @@ if awk 'NR > 1 && $6 > 0 { bad = 1 } END { exit !bad }' "$OUT/resources.txt"; th
   exit 1
 fi
 
-nvcc_version=$("$NVCC" --version | tail -n 1)
 {
-  printf '{\n  "archs": "%s",\n  "ptx": "compute_%s",\n  "nvcc": "%s",\n  "modules": {\n' "$ARCHS" "$highest" "$nvcc_version"
+  printf '{\n  "archs": "%s",\n  "ptx": "compute_%s",\n  "nvcc": "%s",\n  "modules": {\n' "$ARCHS" "$highest" "$NVCC_VERSION"
   first=1
   for f in "$OUT"/*.fatbin; do
     [ $first -eq 1 ] || printf ',\n'
