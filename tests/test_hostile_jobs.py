@@ -19,26 +19,41 @@ from tests.worker_support import TINY, handler_module, run_job, typed_error
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "Hi"}]
+
+
+def nested(depth: int) -> list:
+    """[[[...]]] `depth` deep (built iteratively: JSON parsers stop far earlier, Python objects need not)."""
+    outer = inner = []
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
 HOSTILE = {
     "2M integer candidates": ({"prompt": "a", "candidates": [1] * 2_000_000}, "candidates: 2000000 items"),
     "1M messages": ({"messages": [{"role": "user", "content": "x"}] * 1_000_000}, "messages: 1000000 items"),
     "1M content parts": ({"messages": [{"role": "user", "content": [1] * 1_000_000}]}, "content: 1000000 items"),
     "1M stop strings": ({"prompt": "a", "stop": ["x"] * 1_000_000}, "stop: 1000000 items"),
-    "1M-key logit_bias": ({"openai_route": CHAT, "openai_input": {"messages": USER, "logit_bias": dict.fromkeys(
-        map(str, range(1_000_000)), "x")}}, "logit_bias: 1000000 keys"),  # fmt: skip
+    "1M-key logit_bias": (
+        {
+            "openai_route": CHAT,
+            "openai_input": {"messages": USER, "logit_bias": dict.fromkeys(map(str, range(1_000_000)), "x")},
+        },
+        "logit_bias: 1000000 keys",
+    ),
     "50M-character prompt": ({"prompt": "x" * 50_000_000}, "prompt has 50000000 characters"),
     "1M-character key": ({"prompt": "a", "k" * 1_000_000: 1}, "object key"),
-    "100k-deep nesting": ({"prompt": "a", "x": (deep := []) and None}, "nested deeper"),
-    "65k wrong-typed values": ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}] * 20}] * 1000},
-                               "Input should be a valid string"),  # fmt: skip
-    "2M-item list elsewhere": ({"openai_route": CHAT, "openai_input": {"messages": USER, "tools": [0] * 2_000_000}},
-                               "tools: 2000000 items"),  # fmt: skip
+    "100k-deep nesting": ({"prompt": "a", "x": nested(100_000)}, "nested deeper"),
+    "65k wrong-typed values": (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}] * 20}] * 1000},
+        "Input should be a valid string",
+    ),
+    "2M-item list elsewhere": (
+        {"openai_route": CHAT, "openai_input": {"messages": USER, "tools": [0] * 2_000_000}},
+        "tools: 2000000 items",
+    ),
 }
-_inner = deep
-for _ in range(100_000):
-    _inner.append([])
-    _inner = _inner[0]
-HOSTILE["100k-deep nesting"][0]["x"] = deep
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
@@ -69,8 +84,8 @@ def test_typed_lists_report_one_error_not_one_per_element():
                                     {"raise_exception": 1}, {"self": 1}, {"range": 1}])  # fmt: skip
 def test_reserved_template_variables_are_invalid_input(kwargs):
     handler = handler_module().handler
-    for job in ({"messages": USER, "chat_template_kwargs": kwargs},
-                {"openai_route": CHAT, "openai_input": {"messages": USER, "chat_template_kwargs": kwargs}}):  # fmt: skip
+    chat = {"messages": USER, "chat_template_kwargs": kwargs}
+    for job in (chat, {"openai_route": CHAT, "openai_input": chat}):
         (out,) = run_job(handler, job)
         err = typed_error(out)
         assert err["error_kind"] == "invalid_input" and "set by the engine" in err["error"], err

@@ -21,15 +21,24 @@ BOMBS = {
     "2e9 repeats": ("{{ 'a' * 2000000000 }}", "MAX_CHARS"),
     "repeat of a repeat": ("{{ 'a' * 1000000 * 1000000 }}", "MAX_CHARS"),
     "nested loops": ("{% for i in range(60000) %}{% for j in range(60000) %}{% endfor %}{% endfor %}", "MAX_STEPS"),
-    "nested loops over content": ("{% for a in messages[0].content %}{% for b in messages[0].content %}{% for c in "
-                                  "messages[0].content %}{% endfor %}{% endfor %}{% endfor %}", "MAX_STEPS"),  # fmt: skip
+    "nested loops over content": (
+        "{% for a in messages[0].content %}{% for b in messages[0].content %}{% for c in "
+        "messages[0].content %}{% endfor %}{% endfor %}{% endfor %}",
+        "MAX_STEPS",
+    ),
     "range over the limit": ("{% for i in range(100000000) %}{% endfor %}", "MAX_INT_ARG"),
-    "doubling with ~": ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
-                        "{% endfor %}", "MAX_CHARS"),  # fmt: skip
-    "doubling with +": ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
-                        "{% endfor %}", "MAX_CHARS"),  # fmt: skip
-    "a shared list 64 deep, written": ("{% set ns = namespace(s=['ab']) %}{% for i in range(64) %}"
-                                       "{% set ns.s = [ns.s, ns.s] %}{% endfor %}{{ ns.s }}", "MAX_CHARS"),  # fmt: skip
+    "doubling with ~": (
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "MAX_CHARS",
+    ),
+    "doubling with +": (
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+        "MAX_CHARS",
+    ),
+    "a shared list 64 deep, written": (
+        "{% set ns = namespace(s=['ab']) %}{% for i in range(64) %}{% set ns.s = [ns.s, ns.s] %}{% endfor %}{{ ns.s }}",
+        "MAX_CHARS",
+    ),
     "replace amplification": ("{% set s = 'a' * 4000000 %}{{ s.replace('a', s) }}", "MAX_CHARS"),
     "replace filter amplification": ("{% set s = 'a' * 4000000 %}{{ s|replace('a', s) }}", "MAX_CHARS"),
     "%-format width": ("{{ '%2000000000s' % 'x' }}", "MAX_CHARS"),
@@ -41,8 +50,10 @@ BOMBS = {
     "str.join of repeats": ("{{ ''.join([('a' * 4000000)] * 60000) }}", "MAX_CHARS"),
     "indent": ("{{ ('\n' * 4000000)|indent(60000) }}", "MAX_CHARS"),
     "output in a loop": ("{% for i in range(60000) %}{{ 'a' * 4000000 }}{% endfor %}", "output is over"),
-    "slices in a loop": ("{% set s = 'a' * 4000000 %}{% for i in range(60000) %}{% set t = s[1:] %}{% endfor %}",
-                         "MAX_WORK"),  # fmt: skip
+    "slices in a loop": (
+        "{% set s = 'a' * 4000000 %}{% for i in range(60000) %}{% set t = s[1:] %}{% endfor %}",
+        "MAX_WORK",
+    ),
     "macro recursion": ("{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}", "recursed"),
     "quadratic sum": ("{{ range(60000)|batch(1)|sum(start=[]) }}", "sum' over sequences"),
     "slice filter count": ("{{ range(10)|slice(4000000)|list|length }}", "MAX_INT_ARG"),
