@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,3 +99,86 @@ def test_stale_or_broken_cache_is_ignored(model_copy, caplog):
     with open(prepare.cache_path(model_copy), "wb") as f:
         f.write(b"RFLXCACHE1\n\xff\xff")
     assert prepare.open_model(model_copy).cache_used is False
+
+
+def in_process(*args: str) -> tuple[int, dict]:
+    """(exit code, last JSON line) of cli.main in this process: argument errors never reach the engine."""
+    import contextlib
+    import io
+
+    from engine.tools import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            code = cli.main(list(args), fast_exit=False)
+        except SystemExit as e:
+            code = e.code
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    return code, json.loads(lines[-1]) if lines else {}
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("generate", MODEL, "x", "--max-seq-len", "0"), "--max-seq-len: 0 is not in"),
+        (("generate", MODEL, "x", "--max-seq-len", "-5"), "--max-seq-len: -5 is not in"),
+        (("generate", MODEL, "x", "--temperature", "nan"), "--temperature: 'nan' is not a finite number"),
+        (("generate", MODEL, "x", "--top-p", "0"), "--top-p"),
+        (("generate", MODEL, "x", "--seed", "-1"), "--seed"),
+        (("generate", MODEL, "x", "--max-tokens", "many"), "'many' is not an integer"),
+        (("system1", MODEL, "x", "--candidate", "a", "--temperature", "inf"), "--temperature"),
+        (("check", MODEL, "x", "--reference", "r.json", "--tolerance", "nan"), "--tolerance"),
+        (("generate", MODEL), "the following arguments are required: prompt"),
+        (("bogus",), "invalid choice"),
+        (("generate", MODEL, "x", "--bogus"), "unrecognized arguments: --bogus"),
+        (("generate", MODEL, "caf\udce9"), "argument 3 .* is not valid UTF-8"),
+        (("--log-level", "loud", "smoke"), "'loud' is not one of"),
+    ],
+)
+def test_bad_arguments_are_json_invalid_input_errors(args, match):
+    code, out = in_process(*args)
+    assert code == 2 and out["error_kind"] == "invalid_input", out
+    assert re.search(match, out["error"]), out["error"]
+
+
+def test_invalid_utf8_from_a_real_command_line_and_a_bad_log_level_setting():
+    p = subprocess.run([os.fsencode(sys.executable), b"-m", b"engine", b"generate", os.fsencode(MODEL), b"caf\xe9"],
+                       cwd=ROOT, capture_output=True, timeout=300)  # fmt: skip
+    out = json.loads(p.stdout.decode().splitlines()[-1])
+    assert p.returncode == 2 and out["error_kind"] == "invalid_input" and "UTF-8" in out["error"]
+    p = subprocess.run([sys.executable, "-m", "engine", "smoke"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "REFLEX_LOG_LEVEL": "loud"}, timeout=300)  # fmt: skip
+    out = json.loads(p.stdout.splitlines()[-1])
+    assert p.returncode == 2 and out["error_kind"] == "invalid_input" and "REFLEX_LOG_LEVEL" in out["error"]
+
+
+def test_candidates_and_text_are_capped_as_in_the_worker(monkeypatch):
+    many = [a for i in range(65) for a in ("--candidate", f" c{i}")]
+    code, out = in_process("system1", MODEL, "x", *many)
+    assert code == 2 and out["error_kind"] == "invalid_input" and "MAX_CANDIDATES" in out["error"]
+    monkeypatch.setenv("MAX_PROMPT_CHARS", "10")
+    code, out = in_process("generate", MODEL, "x" * 11)
+    assert code == 2 and "MAX_PROMPT_CHARS" in out["error"]
+    monkeypatch.setenv("MAX_CANDIDATES", "abc")
+    code, out = in_process("system1", MODEL, "x", "--candidate", "a")
+    assert code == 2 and out["error_kind"] == "invalid_input" and "MAX_CANDIDATES" in out["error"]
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        {"token_ids": [], "logit_checksum": 1.0},
+        {"token_ids": "12", "logit_checksum": 1.0},
+        {"token_ids": [1, True], "logit_checksum": 1.0},
+        {"token_ids": [1], "logit_checksum": "nan"},
+        {"token_ids": [1], "logit_checksum": float("nan")},
+        {"logit_checksum": 1.0},
+        [1, 2],
+    ],
+)
+def test_a_malformed_reference_is_an_unreadable_reference(tmp_path, reference):
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps(reference))
+    code, out = in_process("check", MODEL, "x", "--max-tokens", "1", "--reference", str(ref))
+    assert code == 2 and out["error_kind"] == "invalid_input" and "cannot read reference" in out["error"], out

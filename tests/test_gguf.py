@@ -197,3 +197,53 @@ def test_fuzz_mutations(tmp_path, data):
         return
     for t in f.tensors.values():
         assert t.offset >= 0 and t.offset + t.n_bytes <= f.size
+
+
+def _crafted(kind: str, n: int) -> bytes:
+    """Headers that cost an unbounded reader seconds and gigabytes: n nested empty arrays, n metadata entries, n
+    empty strings (which the vectorized string reader cannot take), n tensor infos, an n-element bool array."""
+    if kind == "nested":
+        return B.build([ARCH, B.gstr("k") + struct.pack("<IIQ", B.ARRAY, B.ARRAY, n) + struct.pack("<IQ", B.U8, 0) * n],
+                       [])  # fmt: skip
+    if kind == "kvs":
+        return B.build([ARCH, *(B.gstr(f"k{i}") + struct.pack("<IB", B.U8, 1) for i in range(n))], [])
+    if kind == "strings":
+        return B.build([ARCH, B.gstr("k") + struct.pack("<IIQ", B.ARRAY, B.STRING, n) + b"\0" * 8 * n], [])
+    if kind == "tensors":
+        return B.build([ARCH], [B.tensor_info("t", [32], 0, 0)] * n)
+    return B.build([ARCH, B.gstr("k") + struct.pack("<IIQ", B.ARRAY, B.BOOL, n) + b"\1" * n], [])
+
+
+CRAFTED = [
+    ("nested", 2_000_000, "MAX_NESTED"),
+    ("kvs", 2_000_000, "MAX_KV"),
+    ("strings", 3_000_000, "MAX_STRINGS"),
+    ("strings", 600_000, "MAX_SLOW_STRINGS"),
+    ("tensors", 200_000, "MAX_TENSORS"),
+]
+
+
+@pytest.mark.parametrize(("kind", "n", "limit"), CRAFTED)
+def test_a_crafted_header_is_refused_within_the_work_budget(tmp_path, kind, n, limit):
+    path = write(tmp_path, _crafted(kind, n))
+    t0 = time.perf_counter()
+    with pytest.raises(GGUFError, match="over the reader's limit") as e:
+        gguf.read(path)
+    assert time.perf_counter() - t0 < 1.0
+    assert str(e.value).startswith(path) and str(getattr(gguf, limit)) in str(e.value)
+
+
+def test_a_huge_bool_array_is_read_in_one_pass(tmp_path):
+    path = write(tmp_path, _crafted("bools", 40_000_000))
+    t0 = time.perf_counter()
+    f = gguf.read(path)
+    assert time.perf_counter() - t0 < 1.0 and f.metadata["k"].all() and len(f.metadata["k"]) == 40_000_000
+
+
+def test_a_model_error_names_the_file(tmp_path):
+    from engine.engine import Engine
+
+    path = write(tmp_path, _crafted("nested", 60_000))  # within the budget: parsed, then the config is missing keys
+    with pytest.raises(GGUFError, match="missing") as e:
+        Engine.load(path, backend="cpu")
+    assert str(e.value).startswith(path)

@@ -128,6 +128,7 @@ def _greedy_reference(engine, prompt: str, max_tokens: int) -> dict:
 
 def cmd_check(args) -> int:
     """Greedy ids must match exactly; the checksum (f64 sum of the first step's logits) within a relative tolerance."""
+    want_ids, want_sum = _read_reference(args.reference) if args.reference else ([], 0.0)  # before the load
     engine = _load(args)
     got = _greedy_reference(engine, args.prompt, args.max_tokens)
     if args.write_reference:
@@ -135,7 +136,6 @@ def cmd_check(args) -> int:
             json.dump(got, f, indent=1)
         _print({"written": args.write_reference, **got})
         return 0
-    want_ids, want_sum = _read_reference(args.reference)
     n = min(len(want_ids), len(got["token_ids"]))
     report = {**got, "expected_token_ids": want_ids, "expected_logit_checksum": want_sum}
     delta = abs(got["logit_checksum"] - want_sum) / max(abs(want_sum), 1.0)
