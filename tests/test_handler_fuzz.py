@@ -5,11 +5,13 @@ inputs include worker-vllm's native shape, logprobs, and structured output (sche
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.text.chat import RESERVED
 from tests.worker_support import handler_module, run_job, typed_error
 
 STATS: Counter = Counter()
@@ -99,7 +101,43 @@ def corrupted(draw):
     return job
 
 
-job_inputs = st.one_of(anything, plausible, plausible, corrupted())
+def _nested(depth: int) -> list:
+    outer = inner = []
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+@st.composite
+def hostile(draw):
+    """A plausible job with one hostile part: an oversized or wrong-typed list at a typed field, a huge string, a
+    huge object, deep nesting, or a template variable the engine sets itself."""
+    job = dict(draw(st.one_of(system1, generate)))
+    kind = draw(st.sampled_from(["list", "string", "object", "nesting", "reserved"]))
+    if kind == "list":
+        n = draw(st.sampled_from([17, 1025, 5000, 200_000]))  # over every limit (16 stop strings, 8 candidates)
+        element = draw(st.sampled_from([1, None, "x", {}, [], {"role": "user", "content": 1}]))
+        field = draw(st.sampled_from(["candidates", "messages", "stop", "content", "anything"]))
+        if field == "content":
+            job.pop("prompt", None)
+            job["messages"] = [{"role": "user", "content": [element] * n}]
+        else:
+            job[field] = [element] * n
+    elif kind == "string":
+        job[draw(st.sampled_from(["prompt", "bogus", "mode"]))] = "x" * draw(st.sampled_from([4001, 1_000_000]))
+    elif kind == "object":
+        job["chat_template_kwargs"] = {str(i): i for i in range(draw(st.sampled_from([17, 2000, 100_000])))}
+    elif kind == "nesting":
+        job["prompt"] = _nested(draw(st.sampled_from([17, 65, 10_000])))
+    else:
+        job.pop("prompt", None)
+        job["messages"] = [{"role": "user", "content": "Hi"}]
+        job["chat_template_kwargs"] = {draw(st.sampled_from(sorted(RESERVED))): draw(scalars)}
+    return job
+
+
+job_inputs = st.one_of(anything, plausible, plausible, corrupted(), hostile())
 
 
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -119,6 +157,19 @@ def test_every_input_gets_results_or_a_typed_error(job_input):
     if error is None and isinstance(outputs[-1], dict) and "error" not in outputs[-1]:
         # a result carries its timings; /v1/models is a list; worker-vllm's shape is its own
         assert "cold_start" in outputs[-1] or outputs[-1].get("object") == "list" or "choices" in outputs[-1]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=SLOW_OK)
+@given(job_input=hostile())
+def test_hostile_jobs_are_invalid_input_and_cheap(job_input):
+    handler = handler_module().handler
+    t0 = time.perf_counter()
+    (out,) = run_job(handler, job_input)
+    elapsed = time.perf_counter() - t0
+    error = typed_error(out)
+    STATS["hostile"] += 1
+    assert error is not None and error["error_kind"] == "invalid_input", (str(job_input)[:200], out)
+    assert elapsed < 1.0 and len(error["error"]) < 600, (elapsed, error)
 
 
 def test_the_worker_still_serves_after_the_fuzzing():
