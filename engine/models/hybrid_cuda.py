@@ -48,12 +48,9 @@ def _from(a: DeviceArray, offset: int) -> DeviceArray:
 
 
 class CudaModel:
-    # The LM head and the matvec-or-GEMM choice are the dense family's: the same buffers (x, normed, logits) and
-    # the same weights (output, output_norm) by the same names.
+    # The LM head is the dense family's: the same buffers (x, normed, logits) and weights (output, output_norm).
     head_logits = dense_cuda.CudaModel.head_logits
     head_gather = dense_cuda.CudaModel.head_gather
-    _matmul = dense_cuda.CudaModel._matmul
-    _freq_scale = dense_cuda.CudaModel._freq_scale
 
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
         g = cfg.gdn
@@ -133,6 +130,7 @@ class CudaModel:
         self.ssm_saved = DeviceArray.empty(ssm)
         for state in (self.conv_state, self.ssm_state):
             state.fill_byte(0)
+        memory.synchronize(0)  # the fill runs on the legacy stream, which the runner's non-blocking stream ignores
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -170,6 +168,20 @@ class CudaModel:
             out += mixer(L, n, self.slots[i])
             out += self._ffn(L, n, i)
         return out
+
+    def _freq_scale(self) -> float:
+        s = self.cfg.rope_scaling
+        return 1.0 / s.factor if s.kind == "linear" else 1.0
+
+    def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
+                norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
+        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM."""
+        if not use_matvec(n):
+            assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
+            return [kg.gemm(w, x, n, y, resid=resid)]
+        eps = self.cfg.norm_eps
+        return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
+                          resid=None if resid is None else _rows(resid, at, m)) for at, m in passes(n)]  # fmt: skip
 
     def _normed(self, norm_w: DeviceArray, n: int) -> tuple[DeviceArray, DeviceArray | None, list[Launch]]:
         """(source rows, norm for the matvecs to fuse, launches): x itself with norm_w on the matvec path, else
