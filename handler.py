@@ -7,6 +7,7 @@ Local modes (no GPU needed; the CPU backend answers):
     python handler.py --test_input '{"input": {...}}'  # runs that job
     python handler.py --rp_serve_api --rp_api_port 8000 --rp_api_host 127.0.0.1   # POST /runsync, /run, /stream,
                                                                                    # /status, /cancel
+    PORT=8000 python handler.py          # load-balancing endpoint mode: /ping, /v1/..., /system1, /generate
 Job schemas, env settings and deployment: serverless/README.md.
 """
 
@@ -16,6 +17,14 @@ from engine import timing
 from engine.worker import serverless  # first: the cold-start clock and the SDK import thread need nothing else
 
 serverless.configure_environment()
+if __name__ == "__main__" and os.environ.get("PORT"):  # a load-balancing endpoint: its own HTTP server, no SDK
+    from engine.worker import http
+    from engine.worker.service import Worker
+
+    timing.mark_imports_done()
+    http.serve(Worker.load)  # /ping answers 204 while the model loads on a thread (engine/worker/http.py)
+    raise SystemExit(0)
+
 _imports = serverless.RunpodImport(
     background=os.environ.get("REFLEX_RUNPOD_IMPORT") != "serial",
     # the job schemas (pydantic): needed from the first job on

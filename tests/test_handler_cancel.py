@@ -3,6 +3,7 @@ engine is free at once, and the next job's result equals what a fresh worker ans
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import threading
@@ -101,3 +102,29 @@ def test_cancelling_a_queued_job_drops_it(server):
     assert post(f"{url}/cancel/{job['id']}", {})["status"] == "CANCELLED"
     assert post(f"{url}/status/{job['id']}", {})["status"] == "FAILED"  # gone: "Job ID not found"
     assert post(f"{url}/cancel/no-such-job", {})["status"] == "FAILED"
+
+
+def test_concurrent_jobs_take_turns_and_one_cancelled_while_waiting_never_runs():
+    from tests.worker_support import handler_module, run_job
+
+    hm = handler_module()
+    jobs = [{"prompt": p, "max_tokens": 6, "temperature": 0.0} for p in ("Hello", "The capital", "Once")]
+    alone = [run_job(hm.handler, j) for j in jobs]
+
+    async def outputs(job):
+        return [o async for o in hm.handler({"id": "t", "input": job})]
+
+    async def together():
+        tasks = [asyncio.create_task(outputs(j)) for j in (*jobs, SHORT)]
+        await asyncio.sleep(0.01)
+        tasks[-1].cancel()  # still waiting for its turn
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return done[:-1], done[-1]
+
+    assert hm.engine_thread.wait_idle(10)
+    closed = hm.engine_thread.closed_jobs
+    results, cancelled = asyncio.run(together())
+    assert isinstance(cancelled, asyncio.CancelledError)
+    assert [essentials(r) for r in results] == [essentials(r) for r in alone]
+    assert hm.engine_thread.wait_idle(10) and hm.engine_thread.closed_jobs == closed + len(jobs)
+    assert not hm.worker.engine._lock.locked()
