@@ -1,4 +1,5 @@
-"""Cold vs warm latency of a live Runpod endpoint running this worker, over N invocations. Standard library only.
+"""Cold vs warm latency of a live Runpod endpoint running this worker, over N invocations (requests through
+client.py, i.e. the Runpod SDK's endpoint client).
 
     export RUNPOD_API_KEY=...
     python serverless/bench_endpoint.py ENDPOINT_ID --cold 3 --warm 10 [--input JSON] [--out bench.json]

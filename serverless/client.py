@@ -1,4 +1,6 @@
-"""Call a live Runpod endpoint running this worker: run, runsync, status, stream, health. Standard library only.
+"""Call a live Runpod endpoint running this worker: run, runsync, status, stream, cancel, health through the
+Runpod SDK's endpoint client (`runpod.endpoint.runner.RunPodClient`: its session, auth header and retries), and
+`chat` through the `openai` package against the endpoint's OpenAI-compatible route.
 
     export RUNPOD_API_KEY=...
     python serverless/client.py runsync ENDPOINT_ID --prompt "The capital of France is" --candidate " Paris" \\
@@ -7,7 +9,9 @@
     python serverless/client.py stream ENDPOINT_ID --prompt "Once upon a time" --max-tokens 64   # prints as it comes
     python serverless/client.py run ENDPOINT_ID --input '{"openai_route": "/v1/models"}'       # then: status ID
     python serverless/client.py status ENDPOINT_ID JOB_ID
+    python serverless/client.py cancel ENDPOINT_ID JOB_ID
     python serverless/client.py health ENDPOINT_ID
+    python serverless/client.py chat ENDPOINT_ID --prompt "Say hello" --max-tokens 16 [--stream]   # openai package
 
 Prints the job's output as JSON on stdout; on stderr: the platform's delayTime/executionTime, the client's round
 trip, the request timings and, on a worker's first job, its cold-start breakdown. Exit 1 when the job failed.
@@ -21,26 +25,40 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 
 API = os.environ.get("RUNPOD_API_BASE", "https://api.runpod.ai/v2")
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"}
 
 
-def call(endpoint: str, path: str, body: dict | None = None, timeout: float = 330.0) -> dict:
+def _key() -> str:
     key = os.environ.get("RUNPOD_API_KEY")
     if not key:
         raise SystemExit("set RUNPOD_API_KEY")
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    req = urllib.request.Request(f"{API}/{endpoint}/{path}", data=data, headers=headers,
-                                 method="GET" if body is None else "POST")  # fmt: skip
+    return key
+
+
+def sdk_client():
+    """The SDK's endpoint client, pointed at API (RUNPOD_API_BASE: a stand-in of the platform, in tests)."""
+    from runpod.endpoint.runner import RunPodClient
+
+    client = RunPodClient(api_key=_key())
+    client.endpoint_url_base = API
+    return client
+
+
+def call(endpoint: str, path: str, body: dict | None = None, timeout: float = 330.0) -> dict:
+    """One queue-API request (POST with a body, else GET), the platform's whole answer (delayTime included,
+    which the SDK's Endpoint.run_sync drops)."""
+    import requests
+
+    client = sdk_client()
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        raise SystemExit(f"HTTP {e.code} from {path}: {e.read()[:500].decode(errors='replace')}") from None
+        if body is None and not path.startswith("cancel/"):
+            return client.get(f"{endpoint}/{path}", timeout=timeout)
+        return client.post(f"{endpoint}/{path}", body, timeout=timeout)
+    except requests.HTTPError as e:
+        text = e.response.text[:500] if e.response is not None else ""
+        raise SystemExit(f"HTTP {getattr(e.response, 'status_code', '?')} from {path}: {text}") from None
 
 
 def wait(endpoint: str, job: dict, poll_s: float = 0.5, limit_s: float = 900.0) -> dict:
@@ -125,6 +143,30 @@ def stream(endpoint: str, payload: dict) -> int:
     return summarize(final, 1000 * (time.monotonic() - t0), print_output=False)
 
 
+def chat(endpoint: str, args) -> int:
+    """A chat completion through the `openai` package at the endpoint's OpenAI route."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{API}/{endpoint}/openai/v1", api_key=_key(), max_retries=2)
+    messages = [{"role": "user", "content": args.prompt or "Hello"}]
+    params = dict(model=args.model or "default", messages=messages, max_tokens=args.max_tokens,
+                  temperature=0.0 if args.temperature is None else args.temperature)  # fmt: skip
+    t0 = time.monotonic()
+    if args.stream:
+        for chunk in client.chat.completions.create(**params, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                sys.stdout.write(chunk.choices[0].delta.content)
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+        print(json.dumps({"client_round_trip_ms": round(1000 * (time.monotonic() - t0), 1)}), file=sys.stderr)
+        return 0
+    response = client.chat.completions.create(**params)
+    print(response.choices[0].message.content)
+    summary = {"client_round_trip_ms": round(1000 * (time.monotonic() - t0), 1), "usage": response.usage.model_dump()}
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -141,8 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("status", help="GET /status/JOB_ID")
     s.add_argument("endpoint")
     s.add_argument("job_id")
+    s = sub.add_parser("cancel", help="POST /cancel/JOB_ID")
+    s.add_argument("endpoint")
+    s.add_argument("job_id")
     s = sub.add_parser("health", help="GET /health")
     s.add_argument("endpoint")
+    s = sub.add_parser("chat", help="POST /openai/v1/chat/completions with the openai package")
+    s.add_argument("endpoint")
+    s.add_argument("--prompt")
+    s.add_argument("--model", help="the served model name (any value is answered with the served name)")
+    s.add_argument("--max-tokens", type=int, default=32)
+    s.add_argument("--temperature", type=float, default=None)
+    s.add_argument("--stream", action="store_true")
     args = p.parse_args(argv)
 
     t0 = time.monotonic()
@@ -151,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "status":
         return summarize(call(args.endpoint, f"status/{args.job_id}"), 1000 * (time.monotonic() - t0))
+    if args.command == "cancel":
+        print(json.dumps(call(args.endpoint, f"cancel/{args.job_id}")))
+        return 0
+    if args.command == "chat":
+        return chat(args.endpoint, args)
     payload = job_input(args)
     if args.command == "stream":
         return stream(args.endpoint, payload)

@@ -49,10 +49,34 @@ class FakeRunpod(BaseHTTPRequestHandler):
             return {"id": job_id, "status": "FAILED", "error": outputs[-1]["error"], "delayTime": 5}
         return {"id": job_id, "status": "COMPLETED", "output": outputs, "delayTime": 5, "executionTime": 7}
 
+    def _openai(self, route: str, body: dict) -> None:
+        """POST /v2/EP/openai/v1/...: the platform runs {"openai_route", "openai_input"} as a job and relays it."""
+        outputs = collect(
+            handler_module().handler, {"id": "oa", "input": {"openai_route": route, "openai_input": body}}
+        )
+        if body.get("stream"):
+            data = "".join(outputs).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+        else:
+            data = json.dumps(outputs[-1]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_POST(self):
         assert self.headers["Authorization"] == "Bearer test-key"
-        path = urllib.parse.urlparse(self.path).path.split("/")[3]
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        parts = urllib.parse.urlparse(self.path).path.split("/")
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else {}
+        if parts[3] == "openai":  # /v2/EP/openai/v1/chat/completions
+            return self._openai("/" + "/".join(parts[4:]), body)
+        path = parts[3]
+        if path == "cancel":
+            self.jobs[parts[4]]["cancelled"] = True
+            return self._send({"id": parts[4], "status": "CANCELLED"})
         job_id = f"job-{next(_ids)}"
         self.jobs[job_id] = {"input": body["input"]}
         self._send(self._finish(job_id) if path == "runsync" else {"id": job_id, "status": "IN_QUEUE"})
@@ -106,6 +130,18 @@ def test_run_status_and_stream(capsys):
     summary = json.loads(err[err.index("{") :])
     assert out.strip() and summary["finish_reason"] in ("stop", "length")
     assert client.main(["health", "EP"]) == 0
+    capsys.readouterr()
+    assert client.main(["cancel", "EP", job["id"]]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "CANCELLED"
+
+
+def test_chat_through_the_openai_package(capsys):
+    assert client.main(["chat", "EP", "--prompt", "Hi", "--max-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(err)["usage"]["completion_tokens"] >= 1
+    assert client.main(["chat", "EP", "--prompt", "Hi", "--max-tokens", "4", "--stream"]) == 0
+    streamed, _ = capsys.readouterr()
+    assert streamed == out  # greedy: the same text, streamed
 
 
 def test_bench_endpoint_summarizes_cold_and_warm(tmp_path, capsys):
