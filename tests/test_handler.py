@@ -226,6 +226,7 @@ def test_sdk_adapters():
                                        {"never": 1}], config))  # fmt: skip
     assert outs[0] == {"text": "a"} and json.loads(outs[1]["error"]) == {"error": "m", "error_kind": "cuda"}
     assert len(outs) == 2 and config["refresh_worker"] is True
+
     def outputs(*items):
         async def gen(job):
             for item in items:
