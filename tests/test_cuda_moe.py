@@ -93,6 +93,23 @@ def f32_weight(values: np.ndarray) -> tuple[DeviceArray, DeviceWeight]:
 # -- routing -----------------------------------------------------------------------------------------------------
 
 
+def near_ties(logits: np.ndarray, moe: MoE, bias: np.ndarray | None, gap: float = 1e-5) -> np.ndarray:
+    """(n,) bool: tokens whose choice hangs on two scores closer than `gap` but not equal (group scores, or the
+    best k + 1 choice scores). A last-bit difference between two exp implementations may decide those either way;
+    exact ties (equal logits) are decided by the index on both sides and stay in the comparison."""
+    probs = ops.softmax(logits) if moe.gating == "softmax" else ops.sigmoid(logits)
+    select = probs if bias is None else probs + bias
+    close = np.zeros(len(logits), bool)
+    if moe.n_groups > 1:
+        top2 = np.sort(select.reshape(len(logits), moe.n_groups, -1), axis=-1)[..., -2:].sum(-1)
+        d = np.diff(np.sort(top2, axis=-1), axis=-1)
+        close |= ((d > 0) & (d < gap)).any(-1)
+        select = M._keep_best_groups(select, moe.n_groups, moe.n_groups_used)
+    best = np.sort(select, axis=-1)[:, ::-1][:, : moe.n_experts_used + 1]
+    d = -np.diff(best, axis=-1)
+    return close | ((d > 0) & (d < gap)).any(-1)
+
+
 @pytest.mark.parametrize("ties", [False, True], ids=["random", "ties"])
 @pytest.mark.parametrize("n", [1, 3, 37, 300])
 @pytest.mark.parametrize("route", ROUTES, ids=str)
@@ -115,8 +132,13 @@ def test_route(route: str, n: int, ties: bool, seed: int) -> None:
     want_ids, want_w = M.route(logits, moe, bias)
     got_ids, got_w, got_g = ids.to_host(), w.to_host(), sgate.to_host()
     context = f"{route} n={n} ties={ties} seed={seed}"
-    np.testing.assert_array_equal(got_ids[: n * k].reshape(n, k), want_ids, err_msg=context)
-    np.testing.assert_allclose(got_w[: n * k].reshape(n, k), want_w, rtol=2e-6, atol=1e-8, err_msg=context)
+    clear = ~near_ties(logits, moe, bias)
+    assert clear.mean() >= 0.9, context
+    got = got_ids[: n * k].reshape(n, k)
+    np.testing.assert_array_equal(got[clear], want_ids[clear], err_msg=context)
+    np.testing.assert_array_equal(np.sort(got, axis=1)[:, 1:] > np.sort(got, axis=1)[:, :-1], True, err_msg=context)
+    np.testing.assert_allclose(got_w[: n * k].reshape(n, k)[clear], want_w[clear], rtol=2e-6, atol=1e-8,
+                               err_msg=context)  # fmt: skip
     np.testing.assert_allclose(got_g[:n], ops.sigmoid(xn.astype(np.float64) @ gate), rtol=1e-6, atol=5e-6,
                                err_msg=context)  # fmt: skip
     assert (got_ids[n * k :] == -1).all() and untouched(got_w[n * k :]) and untouched(got_g[n:]), context

@@ -205,7 +205,8 @@ def decode_figures(runner, steps: int = 100, replays: int = 200) -> dict:
     expert_bytes = sum(k * w.rows * w.row_bytes for ffn, _ in layers
                        for w in (ffn.ffn_gate_exps, ffn.ffn_up_exps, ffn.ffn_down_exps))  # fmt: skip
     med = statistics.median(times)
-    return {"tok_s": 1.0 / med, "step_ms_p10_p90": (np.percentile(times, 10) * 1e3, np.percentile(times, 90) * 1e3),
+    p10, p90 = (float(np.percentile(times, q)) * 1e3 for q in (10, 90))
+    return {"tok_s": 1.0 / med, "step_ms_p10_p90": (p10, p90),
             "moe_layers": len(layers), "moe_ms": moe_ms, "expert_mb_per_token": expert_bytes / 1e6,
             "expert_gb_s": expert_bytes / (moe_ms * 1e-3) / 1e9}  # fmt: skip
 
