@@ -21,13 +21,13 @@ from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.errors import CudaError
 from engine.models import moe as M
 from engine.models.moe_cuda import MoEFFN
-from engine.quants import SUPPORTED_TYPES, GGMLType, row_bytes
+from engine.quants import KERNEL_TAGS, GGMLType, row_bytes
 from tests.cuda_util import cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
 from tests.quant_data import random_weights
 
 pytestmark = pytest.mark.gpu
 
-TYPES = sorted(SUPPORTED_TYPES)
+TYPES = sorted(KERNEL_TAGS)  # the weight types the CUDA kernels take
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 RTOL = 1e-5  # of the sum of |products|, as tests/test_cuda_matvec.py
 POISON = 0xFFFFFFFF

@@ -103,6 +103,15 @@ class MoEFFN:
 
     def launches(self, x: DeviceArray, n: int, norm_w: DeviceArray) -> list[Launch]:
         """x[:n] += MoE(RMSNorm(x[:n]) * norm_w), routed + shared experts, residual added in place."""
+        # Tokens are independent here: batches whose n * k routed rows exceed one grid's 65535 go in parts.
+        step, dim = k_moe.MAX_GRID_Y // self.moe.n_experts_used, self.cfg.dim
+        out: list[Launch] = []
+        for at in range(0, n, step):
+            m = min(step, n - at)
+            out += self._part(x if at == 0 else x.view(at * dim, (m, dim)), m, norm_w)
+        return out
+
+    def _part(self, x: DeviceArray, n: int, norm_w: DeviceArray) -> list[Launch]:
         s, m = self.s, self.moe
         out = [knr.rmsnorm_rows(x, norm_w, self.cfg.norm_eps, s.xn, n)]
         out += _matmul(self.ffn_gate_inp, s.xn, n, s.logits)
