@@ -78,9 +78,10 @@ BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
     GGMLType.MXFP4: (32, 17),
 }
 
-# The types the engine computes with, and the kernel-name tag of each (the suffix of `matvec_{tag}_n8`, `gemm_{tag}`,
-# ...: kernels/quant.cuh instantiates Q_FOR_EACH_TYPE for exactly these; tests/test_layout.py holds the two equal).
-# Any other type is an `unsupported_architecture` error at load, on both backends.
+# The types the CUDA kernels compute with, and the kernel-name tag of each (the suffix of `matvec_{tag}_n8`,
+# `gemm_{tag}`, ...: kernels/quant.cuh instantiates Q_FOR_EACH_TYPE for exactly these; tests/test_layout.py holds the
+# two equal). A file with a tensor of any other type is refused by the CUDA backend at load, before anything is
+# uploaded (engine/cuda/__init__.py `load_runner`), so backend "auto" runs it on the CPU backend.
 KERNEL_TAGS: dict[GGMLType, str] = {
     GGMLType.F32: "f32",
     GGMLType.F16: "f16",
@@ -94,7 +95,25 @@ KERNEL_TAGS: dict[GGMLType, str] = {
     GGMLType.Q5_K: "q5_k",
     GGMLType.Q6_K: "q6_k",
 }
-SUPPORTED_TYPES = frozenset(KERNEL_TAGS)
+# The types some backend computes with: the CUDA ones and every type the NumPy backend dequantizes
+# (engine/cpu/dequant.py). Any other type is an `unsupported_architecture` error at load, on both backends.
+SUPPORTED_TYPES = frozenset(KERNEL_TAGS) | {
+    GGMLType.Q2_K,
+    GGMLType.Q3_K,
+    GGMLType.Q8_K,
+    GGMLType.IQ1_S,
+    GGMLType.IQ1_M,
+    GGMLType.IQ2_XXS,
+    GGMLType.IQ2_XS,
+    GGMLType.IQ2_S,
+    GGMLType.IQ3_XXS,
+    GGMLType.IQ3_S,
+    GGMLType.IQ4_NL,
+    GGMLType.IQ4_XS,
+    GGMLType.TQ1_0,
+    GGMLType.TQ2_0,
+    GGMLType.MXFP4,
+}
 
 
 def type_name(type_id: int) -> str:

@@ -33,7 +33,7 @@ def test_kernel_type_tags_match_quant_cuh():
     body = re.search(r"#define Q_FOR_EACH_TYPE\(X\)((?:.*\\\n)*.*\n)", text).group(1)
     tags = re.findall(r"X\((\w+), q::\w+\)", body)
     assert sorted(tags) == sorted(KERNEL_TAGS.values())
-    assert frozenset(KERNEL_TAGS) == SUPPORTED_TYPES
+    assert frozenset(KERNEL_TAGS) <= SUPPORTED_TYPES  # the NumPy backend decodes more types than the kernels
 
 
 def test_registry_and_specs_import_no_numpy_for_the_cuda_cold_path():

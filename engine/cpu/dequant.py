@@ -1,11 +1,18 @@
 """NumPy dequantization of GGUF tensor data to float32: the reference the CUDA kernels are tested against.
 
 Every block type has a decoder that turns whole blocks `(n, type_size) u8` into their values `(n, block_size) f32`.
-Results are bit-identical to gguf-py's `gguf.quants.dequantize`; the float32 operations follow its order (scales
-first, `d * sc` and `dmin * m`, then `scale * q - offset` or `d * q + m`). That order is not what makes them match,
-though: an f16 scale has 11 significant bits and sub-scale times quant at most 12 more (Q6_K: 127 * 31), so every
-product fits float32's 24-bit significand exactly and only the final add/subtract rounds. Kernels may therefore fuse
-(FMA) or reorder the products freely and still match, as long as they compute in float32.
+Results are bit-identical to gguf-py's `gguf.quants.dequantize` and to llama.cpp's `dequantize_row_*` (gguf-py has
+no Q8_K; there llama.cpp's is the reference). The float32 operations follow gguf-py's order (scales first, `d * sc`
+and `dmin * m`, then `scale * q - offset` or `d * q + m`). That order is not what makes them match, though: an f16
+scale has 11 significant bits and sub-scale times quant (or grid value) at most 12 more (Q6_K: 127 * 31; IQ4_XS:
+31 * 127; IQ2_*: 15.5 * 43), so every product fits float32's 24-bit significand exactly and only the final
+add/subtract of the types with a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) rounds; Q8_K's f32 scale times its int8 is one
+rounding either way. Kernels may therefore fuse (FMA) or reorder the products freely and still match, as long as
+they compute in float32.
+
+The i-quants and MXFP4 look their values up in fixed codebooks (engine/cpu/iq_tables.py, generated from gguf-py);
+their decoders live in engine/cpu/dequant_iq.py, imported on first use so that files without these types never
+load the tables.
 
 Tensors are decoded `_CHUNK_VALUES` values at a time, so temporaries stay bounded whatever the tensor's size.
 """
@@ -29,6 +36,7 @@ Decoder = Callable[[np.ndarray, np.ndarray], None]
 
 _BIT_SHIFTS = np.arange(8, dtype=np.uint8)[:, None]  # (8, 1): bit k of a byte lands in row k
 _PAIR_SHIFTS = np.arange(0, 8, 2, dtype=np.uint8)[:, None]  # (4, 1): bits 2k..2k+1 of a byte land in row k
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)[:, None]  # (5, 1): TQ1_0's digit k sits at byte * 3^k (mod 256)
 
 
 def _half(field: np.ndarray) -> np.ndarray:
@@ -147,6 +155,62 @@ def _q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     np.multiply(scale[:, :, None], q.reshape(-1, 16, 16), out=out.reshape(-1, 16, 16))
 
 
+# Q2_K block, 84 bytes: | scales: u8[16] (16) | qs: u8[64] (64) | d: f16 (2) | dmin: f16 (2) |
+# 16 sub-blocks of 16 values; scales[j] holds sub-block j's scale (low nibble) and min (high nibble). Two halves of
+# 128 values, each from 32 qs bytes: bits 2k..2k+1 of qs[32h + l] are value 128h + 32k + l.
+# y = (d * sc[j]) * q - (dmin * m[j]).
+def _q2_k(blocks: np.ndarray, out: np.ndarray) -> None:
+    d, dmin = _half(blocks[:, 80:82]), _half(blocks[:, 82:84])
+    packed = blocks[:, 0:16]
+    q = (blocks[:, 16:80].reshape(-1, 2, 1, 32) >> _PAIR_SHIFTS) & 3  # (n, 2, 4, 32)
+    scale = d * (packed & 0x0F).astype(np.float32)  # (n, 16)
+    offset = dmin * (packed >> 4).astype(np.float32)  # (n, 16)
+    product = scale[:, :, None] * q.reshape(-1, 16, 16).astype(np.float32)
+    np.subtract(product, offset[:, :, None], out=out.reshape(-1, 16, 16))
+
+
+# Q3_K block, 110 bytes: | hmask: u8[32] (32) | qs: u8[64] (64) | scales: u8[12] (12) | d: f16 (2) |
+# Value v = 32k + l of each 128-value half h: low 2 bits from bits 2k..2k+1 of qs[32h + l] (as Q2_K), and 4 is
+# subtracted unless bit (4h + k) of hmask[l] is set. 16 six-bit scales, offset by 32: the low nibble of byte j (j < 8)
+# or the high nibble of byte j - 8 (j >= 8), the top 2 bits from bits 2(j // 4), 2(j // 4) + 1 of byte 8 + j % 4.
+# y = (d * (sc[j] - 32)) * q.
+def _q3_k(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = _half(blocks[:, 108:110])
+    low, high = blocks[:, 96:104], blocks[:, 104:108]
+    sc = np.concatenate([low & 0x0F, low >> 4], axis=-1)  # (n, 16)
+    sc |= ((high[:, None, :] >> _PAIR_SHIFTS) & 3).reshape(-1, 16) << 4
+    scale = d * (sc.astype(np.float32) - 32)  # (n, 16)
+    ql = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> _PAIR_SHIFTS) & 3  # (n, 2, 4, 32)
+    hm = (blocks[:, None, 0:32] >> _BIT_SHIFTS) & 1  # (n, 8, 32): row 4h + k
+    q = ql.reshape(-1, 8, 32).astype(np.float32) - 4 * (1 - hm.astype(np.float32))
+    np.multiply(scale[:, :, None], q.reshape(-1, 16, 16), out=out.reshape(-1, 16, 16))
+
+
+# Q8_K block, 292 bytes: | d: f32 (4) | qs: int8[256] (256) | bsums: int16[16] (32) |
+# The activation type of llama.cpp's K-quant dot products (bsums: sums of 16 quants each, unused here); y = d * q.
+def _q8_k(blocks: np.ndarray, out: np.ndarray) -> None:
+    np.multiply(blocks[:, 0:4].view(np.float32), blocks[:, 4:260].view(np.int8).astype(np.float32), out=out)
+
+
+# TQ1_0 block, 54 bytes: | qs: u8[48] (48) | qh: u8[4] (4) | d: f16 (2) |
+# Ternary digits, 5 per byte (4 in qh) as a fraction of 243: digit k of byte b is ((b * 3^k mod 256) * 3) >> 8.
+# Values 32k + l from qs[l] (l < 32), 160 + 16k + l from qs[32 + l], 240 + 4k + l from qh[l]. y = d * (digit - 1).
+def _tq1_0(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = _half(blocks[:, 52:54])
+    parts = [blocks[:, None, 0:32] * _POW3, blocks[:, None, 32:48] * _POW3, blocks[:, None, 48:52] * _POW3[:4]]
+    shifted = np.concatenate([p.reshape(len(blocks), -1) for p in parts], axis=-1)  # (n, 256) u8, wrapped mod 256
+    digit = (shifted.astype(np.uint16) * 3) >> 8
+    np.multiply(d, digit.astype(np.float32) - 1, out=out)
+
+
+# TQ2_0 block, 66 bytes: | qs: u8[64] (64) | d: f16 (2) |
+# 2-bit quants in Q2_K's order (bits 2k..2k+1 of qs[32h + l] are value 128h + 32k + l). y = d * (q - 1).
+def _tq2_0(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = _half(blocks[:, 64:66])
+    q = (blocks[:, 0:64].reshape(-1, 2, 1, 32) >> _PAIR_SHIFTS) & 3  # (n, 2, 4, 32)
+    np.multiply(d, q.reshape(-1, 256).astype(np.float32) - 1, out=out)
+
+
 _DECODERS: dict[GGMLType, Decoder] = {
     GGMLType.F32: _f32,
     GGMLType.F16: _f16,
@@ -159,8 +223,36 @@ _DECODERS: dict[GGMLType, Decoder] = {
     GGMLType.Q4_K: _q4_k,
     GGMLType.Q5_K: _q5_k,
     GGMLType.Q6_K: _q6_k,
+    GGMLType.Q2_K: _q2_k,
+    GGMLType.Q3_K: _q3_k,
+    GGMLType.Q8_K: _q8_k,
+    GGMLType.TQ1_0: _tq1_0,
+    GGMLType.TQ2_0: _tq2_0,
 }
-assert _DECODERS.keys() == SUPPORTED_TYPES
+# Decoded by engine/cpu/dequant_iq.py, imported on first use (it loads the codebook tables).
+CODEBOOK_TYPES = frozenset(
+    {
+        GGMLType.IQ2_XXS,
+        GGMLType.IQ2_XS,
+        GGMLType.IQ2_S,
+        GGMLType.IQ3_XXS,
+        GGMLType.IQ3_S,
+        GGMLType.IQ1_S,
+        GGMLType.IQ1_M,
+        GGMLType.IQ4_NL,
+        GGMLType.IQ4_XS,
+        GGMLType.MXFP4,
+    }
+)
+assert _DECODERS.keys() | CODEBOOK_TYPES == SUPPORTED_TYPES and not _DECODERS.keys() & CODEBOOK_TYPES
+
+
+def _decoder(ggml_type: GGMLType) -> Decoder:
+    if ggml_type in CODEBOOK_TYPES:
+        from engine.cpu import dequant_iq
+
+        return dequant_iq.DECODERS[ggml_type]
+    return _DECODERS[ggml_type]
 
 
 def _supported_type(ggml_type: GGMLType | int) -> GGMLType:
@@ -173,7 +265,7 @@ def _supported_type(ggml_type: GGMLType | int) -> GGMLType:
 def _decode_into(blocks: np.ndarray, ggml_type: GGMLType, out: np.ndarray) -> None:
     """Decode blocks (n, type_size) u8 into out (n, block_size) f32, a bounded number of blocks at a time."""
     assert out.flags.c_contiguous, "decoders write through reshaped views of out"
-    decode = _DECODERS[ggml_type]
+    decode = _decoder(ggml_type)
     step = max(1, _CHUNK_VALUES // out.shape[1])
     for start in range(0, len(blocks), step):
         decode(blocks[start : start + step], out[start : start + step])

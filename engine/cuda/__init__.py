@@ -57,6 +57,19 @@ def take_prestarted():
     return started
 
 
+def _check_kernel_types(gf) -> None:
+    """Refuse a file with a tensor type the kernels do not compute (engine/quants.py: SUPPORTED_TYPES is wider than
+    KERNEL_TAGS), before anything is uploaded, so that backend "auto" can still run it on the CPU backend."""
+    from engine.quants import KERNEL_TAGS, SUPPORTED_TYPES
+
+    for info in gf.tensors.values():
+        if info.ggml_type not in KERNEL_TAGS:
+            cpu = " (the CPU backend does)" if info.ggml_type in SUPPORTED_TYPES else ""
+            raise UnsupportedArchitecture(
+                f"tensor '{info.name}' has type {info.ggml_type.name}, which the CUDA kernels do not compute{cpu}"
+            )
+
+
 def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     """Wait for the context (a driver.ContextStarter), upload the weights, build the architecture's CudaModel.
 
@@ -64,6 +77,7 @@ def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     row = archs.get(config.arch)
     if row.cuda_module is None:
         raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")
+    _check_kernel_types(gf)
     from engine.cuda import memory
     from engine.cuda.runner import CudaRunner
     from engine.cuda.upload import DeviceWeights
