@@ -6,7 +6,10 @@
 # Fails loudly on any compile error or on a spill, prints the manifest. Works with CUDA 12.x and 13.x.
 # Incremental: a module is rebuilt only when its inputs changed: the .cu, the kernels/ headers it includes
 # (transitively), the flags and arch list, and the nvcc version, all hashed into kernels/build/<stem>.stamp (written
-# after a successful compile). FORCE=1 rebuilds everything. Outputs of deleted sources are removed.
+# after a successful compile). FORCE=1 rebuilds everything. Outputs of deleted sources are removed. Compiled modules
+# are also kept by stamp in KERNEL_CACHE_DIR (default ~/.cache/reflex-kernels; "" for none; entries unused for 30
+# days are pruned), so a fresh build directory (scripts/ci_docker_steps.sh's scratch image) reuses what any earlier
+# build compiled from the same inputs.
 #   CUDA_ARCHS=90 ./build_kernels.sh      # one arch, for a fast local build
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -38,7 +41,15 @@ trap 'rm -f "$GENCODE_FILE"' EXIT
 NVCC_FLAGS="-O3 -lineinfo -std=c++17 --fatbin -Xptxas -v -Ikernels"
 NVCC_VERSION=$("$NVCC" --version | tail -n 1)
 FORCE="${FORCE:-0}"
-export NVCC OUT GENCODE_FILE NVCC_FLAGS NVCC_VERSION FORCE
+CACHE="${KERNEL_CACHE_DIR-${XDG_CACHE_HOME:-$HOME/.cache}/reflex-kernels}"
+if [ -n "$CACHE" ]; then
+  if mkdir -p "$CACHE" 2>/dev/null && [ -w "$CACHE" ]; then
+    find "$CACHE" -type f -mtime +30 -delete 2>/dev/null || true
+  else
+    CACHE=""
+  fi
+fi
+export NVCC OUT GENCODE_FILE NVCC_FLAGS NVCC_VERSION FORCE CACHE
 printf '%s\n' "${gencode[@]}" > "$GENCODE_FILE"
 
 # The kernels/ headers that $1 includes with #include "...", transitively (<...> ones are the toolkit's, whose
@@ -60,6 +71,9 @@ includes() {
   if ((${#seen[@]})); then printf '%s\n' "${!seen[@]}" | sort; fi
 }
 
+# cp $1 $2, atomically: concurrent builds (and readers) never see a half-written file.
+put() { cp "$1" "$2.$$" && mv -f "$2.$$" "$2"; }
+
 compile() {
   local src=$1 stem stamp
   stem=$(basename "$src" .cu)
@@ -72,7 +86,15 @@ compile() {
     return 0
   fi
   rm -f "$OUT/$stem.stamp"
-  # -Xptxas -v goes to stderr; a private name per run, so concurrent builds never see a half-written module
+  local cached="$CACHE/$stamp"
+  if [[ $FORCE != 1 && -n $CACHE && -f $cached.fatbin && -f $cached.ptxas.log ]] &&
+     put "$cached.ptxas.log" "$OUT/$stem.ptxas.log" && put "$cached.fatbin" "$OUT/$stem.fatbin"; then
+    touch "$cached.fatbin" "$cached.ptxas.log"
+    echo "$stamp" > "$OUT/$stem.stamp"
+    echo "build_kernels.sh: $stem from the cache"
+    return 0
+  fi
+  # -Xptxas -v writes the resource report to stderr
   # shellcheck disable=SC2086
   if ! "$NVCC" $NVCC_FLAGS "${gc[@]}" -o "$OUT/$stem.fatbin.$$" "$src" 2> "$OUT/$stem.ptxas.log.$$"; then
     cat "$OUT/$stem.ptxas.log.$$" >&2
@@ -80,12 +102,16 @@ compile() {
     echo "build_kernels.sh: FAILED $src" >&2
     return 1
   fi
+  if [ -n "$CACHE" ]; then  # best effort: a full disk only costs a later build its reuse
+    { put "$OUT/$stem.ptxas.log.$$" "$cached.ptxas.log" && put "$OUT/$stem.fatbin.$$" "$cached.fatbin"; } \
+      2>/dev/null || true
+  fi
   mv -f "$OUT/$stem.ptxas.log.$$" "$OUT/$stem.ptxas.log"
   mv -f "$OUT/$stem.fatbin.$$" "$OUT/$stem.fatbin"
   echo "$stamp" > "$OUT/$stem.stamp"
   echo "build_kernels.sh: $stem built"
 }
-export -f includes compile
+export -f includes put compile
 ls kernels/*.cu | xargs -P "$JOBS" -I{} bash -c 'compile {}'
 
 # ptxas prints "Compiling entry function 'X' for 'sm_Y'", then the stack/spill line, then the registers line.

@@ -30,7 +30,7 @@ MAX_ELEMENTS = 1 << 50  # far beyond any real tensor; guards the element-count p
 # The work budget of one parse (see the module docstring).
 MAX_KV = 1 << 16
 MAX_TENSORS = 1 << 17
-MAX_NESTED = 1 << 16  # arrays inside arrays, over the whole file
+MAX_NESTED = 1 << 12  # arrays inside arrays, over the whole file (each costs a Python object or more)
 MAX_STRINGS = 1 << 21  # strings in arrays, over the whole file (a real vocabulary and its merges: ~300 K)
 MAX_SLOW_STRINGS = 1 << 19  # of those, strings that the vectorized reader cannot take
 
@@ -375,8 +375,11 @@ def _scan_string_array(mm: mmap.mmap, pos: int, count: int, window: int):
 
     strings: list[str] = []
     cur = 0
-    irregular = 0
+    irregular = rounds = 0
     while len(strings) < count:
+        rounds += 1
+        if rounds > 64 and rounds * 32 > len(strings):  # runs too short to pay for their NumPy calls
+            return None
         i = int(np.searchsorted(candidates, cur))
         if i < len(candidates) and candidates[i] == cur:
             run = candidates[i : i + count - len(strings)]
@@ -401,6 +404,13 @@ def _scan_string_array(mm: mmap.mmap, pos: int, count: int, window: int):
                 return None
             strings += text[1:]
             cur = end
+        elif cur + 8 <= window and not w[cur : cur + 8].any():
+            # Empty strings, their headers eight zero bytes each, one after another: as many as there are zero words.
+            k = min(count - len(strings), (window - cur) // 8)
+            nonzero = np.flatnonzero(np.frombuffer(mm, dtype="<u8", count=k, offset=pos + cur))
+            m = int(nonzero[0]) if len(nonzero) else k
+            strings += [""] * m
+            cur += 8 * m
         else:
             irregular += 1
             if irregular > 64:

@@ -1,6 +1,6 @@
 """build_kernels.sh's incremental build, with a stand-in nvcc (no CUDA toolkit needed): a module is rebuilt when
-its source, a header it includes, the flags or the nvcc version change, and only then; FORCE=1 rebuilds all;
-errors and spills still fail the build."""
+its source, a header it includes, the flags or the nvcc version change, and only then; FORCE=1 rebuilds all; a fresh
+build directory takes what an earlier build compiled from the cache; errors and spills still fail the build."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def build(tree, **env) -> tuple[int, set[str], str]:
     log = tree / "nvcc.log"
     log.write_text("")
     full_env = {**os.environ, "NVCC": str(tree / "nvcc"), "FAKE_NVCC_LOG": str(log), "JOBS": "2",
-                "CUDA_ARCHS": "90", **env}  # fmt: skip
-    full_env.pop("KERNEL_BUILD_DIR", None)
+                "CUDA_ARCHS": "90", "KERNEL_CACHE_DIR": "", **env}  # fmt: skip
+    if "KERNEL_BUILD_DIR" not in env:
+        full_env.pop("KERNEL_BUILD_DIR", None)
     p = subprocess.run(["bash", str(tree / "build_kernels.sh")], env=full_env, capture_output=True, text=True)
     compiled = {os.path.basename(line).removesuffix(".cu") for line in log.read_text().split()}
     return p.returncode, compiled, p.stdout + p.stderr
@@ -96,3 +97,17 @@ def test_errors_and_spills_still_fail_loudly_and_are_retried(tree):
     assert code != 0 and "register spills" in out and compiled == {"a"}
     code, compiled, out = build(tree)  # skipped now, but its spill is still in resources.txt: still a failure
     assert code != 0 and "register spills" in out and compiled == set()
+
+
+def test_a_fresh_build_directory_reuses_the_cache(tree):
+    cache = {"KERNEL_CACHE_DIR": str(tree / "cache")}
+    assert build(tree, **cache)[:2] == (0, {"a", "b", "c"})
+    first = json.loads((tree / "kernels/build/manifest.json").read_text())
+    code, compiled, out = build(tree, KERNEL_BUILD_DIR=str(tree / "scratch"), **cache)
+    assert (code, compiled) == (0, set()) and out.count("from the cache") == 3, out
+    assert json.loads((tree / "scratch/manifest.json").read_text())["modules"] == first["modules"]
+    assert build(tree, KERNEL_BUILD_DIR=str(tree / "scratch2"), FORCE="1", **cache)[:2] == (0, {"a", "b", "c"})
+    (tree / "kernels/c.cu").write_text("// c SPILL\n")
+    assert build(tree, **cache)[0] != 0  # compiled, cached, and failing on its spill
+    code, compiled, out = build(tree, KERNEL_BUILD_DIR=str(tree / "scratch3"), **cache)
+    assert code != 0 and compiled == set() and "register spills" in out  # the cached log still reports it

@@ -34,7 +34,7 @@ MAX_SECONDS = 2.0  # wall time of one render (a 1,024-message Qwen3 chat renders
 MAX_SOURCE_CHARS = 1 << 18  # of the template itself (real ones have 1-20 K)
 MAX_INDENT = 64  # tojson's indent
 MAX_INT_ARG = 1 << 16  # any integer argument of a call or filter: widths, counts, ranges, slices
-MAX_PARTS = 1 << 17  # strings, numbers and containers inside one value written out as text
+MAX_PARTS = 1 << 15  # strings, numbers and containers inside one value written out as text
 
 
 class TemplateLimit(BaseException):
