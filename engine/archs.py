@@ -36,7 +36,7 @@ ARCHS: dict[str, Arch] = {
         Arch("qwen35", rope="neox", numpy_module="hybrid", cuda_module="hybrid_cuda", deltanet=True),
         Arch("qwen35moe", rope="neox", numpy_module="hybrid", cuda_module="hybrid_cuda", moe="qwen", deltanet=True),
         Arch("qwen3next", rope="neox", numpy_module="hybrid", cuda_module="hybrid_cuda", moe="qwen", deltanet=True),
-        Arch("deepseek2", rope="norm", numpy_module="mla", cuda_module=None, moe="deepseek", mla=True),
+        Arch("deepseek2", rope="norm", numpy_module="mla", cuda_module="mla_cuda", moe="deepseek", mla=True),
     )
 }
 

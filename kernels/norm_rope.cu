@@ -1,5 +1,7 @@
-// RMSNorm of activation rows, and the per-token attention preamble: QK-norm, RoPE, K/V into the cache.
-// Reference math: engine/cpu/ops.py (rmsnorm, rope_angles, apply_rope). Contract: kernels/README.md.
+// RMSNorm of activation rows, and the per-token attention preamble: QK-norm, RoPE, K/V into the cache (qk_rope_kv),
+// or for MLA the latent norm, RoPE and the latent row into the cache (mla_kv_rope).
+// Reference math: engine/cpu/ops.py (rmsnorm, rope_angles, apply_rope), engine/models/mla.py. Contract:
+// kernels/README.md.
 #include <stdint.h>
 
 namespace {
@@ -18,6 +20,38 @@ __device__ __forceinline__ float block_sum_256(float v, float* red) {
     __syncthreads();
     v = lane < 8 ? red[lane] : 0.0f;
     return warp_sum(v);
+}
+
+// cos / sin of the rope_dim / 2 pairs at position p into cs / sn (the caller syncs before reading them), as
+// engine/cpu/ops.rope_angles: pair i turns by p * freq_scale * theta^(-2i / rope_dim) / freq_factors[i]; with YaRN
+// (ext_factor != 0) the angle mixes back the unscaled one, a * (1 - mix) + p * inv * mix with
+// mix = ext_factor * (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) (high-frequency pairs keep their angle); cos
+// and sin are multiplied by mscale. Float32 powf / sincosf (accurate library versions, not the intrinsics). Without
+// YaRN and with mscale 1 every value is bit-identical to the plain formula (x * 1.0f is exact).
+__device__ __forceinline__ void rope_table(int p, int rope_dim, float theta, float freq_scale, float ext_factor,
+                                           float corr_lo, float corr_hi, float mscale,
+                                           const float* __restrict__ freq_factors, float* cs, float* sn) {
+    for (int i = threadIdx.x; i < (rope_dim >> 1); i += blockDim.x) {
+        float inv = powf(theta, -2.0f * float(i) / float(rope_dim));
+        if (freq_factors) inv /= freq_factors[i];
+        float a = float(p) * freq_scale * inv;
+        if (ext_factor != 0.0f) {
+            const float ramp = fminf(fmaxf((float(i) - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo), 0.0f), 1.0f);
+            const float mix = ext_factor * (1.0f - ramp);
+            a = a * (1.0f - mix) + float(p) * inv * mix;
+        }
+        float s, c;
+        sincosf(a, &s, &c);
+        sn[i] = s * mscale;
+        cs[i] = c * mscale;
+    }
+}
+
+// Element j < rope_dim of x rotated with normal pairs (2i, 2i + 1) (the pairs deepseek2 uses).
+__device__ __forceinline__ float rotate_pair(const float* x, int j, const float* cs, const float* sn) {
+    const int i = j >> 1;
+    const float a = x[2 * i], b = x[2 * i + 1];
+    return (j & 1) ? b * cs[i] + a * sn[i] : a * cs[i] - b * sn[i];
 }
 
 }  // namespace
@@ -49,7 +83,8 @@ rmsnorm_rows(const float* x, const float* __restrict__ w, float eps, float* y, i
 extern "C" __global__ void __launch_bounds__(256)
 qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, int n, int H, int KVH, int hd, int vd,
            const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int rope_dim, float theta,
-           float freq_scale, const float* __restrict__ freq_factors, int rope_neox, const int* __restrict__ pos,
+           float freq_scale, float ext_factor, float corr_lo, float corr_hi, float mscale,
+           const float* __restrict__ freq_factors, int rope_neox, const int* __restrict__ pos,
            float* __restrict__ k_cache, float* __restrict__ v_cache) {
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
     __shared__ float row[8][256];       // one head per warp
@@ -57,13 +92,7 @@ qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, i
     const int p = *pos + t;
     const int half = rope_dim >> 1;
 
-    // Pair i turns by p * freq_scale * theta^(-2i / rope_dim) / freq_factors[i]: float32 powf/sincosf (accurate
-    // library versions, not the intrinsics), as the contract says.
-    for (int i = threadIdx.x; i < half; i += 256) {
-        float inv = powf(theta, -2.0f * float(i) / float(rope_dim));
-        if (freq_factors) inv /= freq_factors[i];
-        sincosf(float(p) * freq_scale * inv, &sn[i], &cs[i]);
-    }
+    rope_table(p, rope_dim, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, freq_factors, cs, sn);
     __syncthreads();
 
     float* b = row[warp];
@@ -102,4 +131,38 @@ qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, i
 
     const long long kv = (long long)KVH * vd;  // floats per position of v and of v_cache
     for (int i = threadIdx.x; i < KVH * vd; i += 256) v_cache[(long long)p * kv + i] = v[(long long)t * kv + i];
+}
+
+// MLA (deepseek2), one token per block (grid.x = n, block 256); token t sits at position p = *pos + t. The latent
+// row of p in this layer's cache becomes [RMSNorm(kva[t, :R]) * kv_norm | RoPE(kva[t, R:R+P])], and every head's
+// q_pe = q[t, h, nope:nope+P] is rotated into qa[t, h, R:R+P] (beside the absorbed q_nope that mla.cu writes to
+// qa[t, h, :R]). Normal pairs only (2i, 2i + 1), as deepseek2 uses.
+extern "C" __global__ void __launch_bounds__(256)
+mla_kv_rope(const float* __restrict__ kva, const float* __restrict__ kv_norm, float eps, const float* __restrict__ q,
+            float* __restrict__ qa, int n, int H, int R, int P, int nope, float theta, float freq_scale,
+            float ext_factor, float corr_lo, float corr_hi, float mscale, const int* __restrict__ pos,
+            float* __restrict__ cache) {
+    __shared__ float cs[128], sn[128];  // cos / sin of pair i (P / 2 <= 128)
+    __shared__ float red[8];
+    const int t = blockIdx.x, p = *pos + t, D = R + P;
+    rope_table(p, P, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, nullptr, cs, sn);
+
+    const float* kv = kva + (long long)t * D;
+    float* row = cache + (long long)p * D;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < R; i += 256) {
+        const float x = kv[i];
+        ss = fmaf(x, x, ss);
+    }
+    ss = block_sum_256(ss, red);  // its barrier also publishes cs / sn
+    const float r = 1.0f / sqrtf(ss / float(R) + eps);  // as rmsnorm_rows
+    for (int i = threadIdx.x; i < R; i += 256) row[i] = (kv[i] * r) * kv_norm[i];
+    for (int j = threadIdx.x; j < P; j += 256) row[R + j] = rotate_pair(kv + R, j, cs, sn);
+
+    const long long qd = nope + P;  // floats per head of q
+    for (int idx = threadIdx.x; idx < H * P; idx += 256) {
+        const int h = idx / P, j = idx - h * P;
+        const long long th = (long long)t * H + h;
+        qa[th * D + R + j] = rotate_pair(q + th * qd + nope, j, cs, sn);
+    }
 }

@@ -25,7 +25,6 @@ from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray
 from engine.cuda.upload import DeviceWeights
-from engine.errors import UnsupportedArchitecture
 from engine.models import specs
 from engine.models.moe_cuda import MoEFFN
 from engine.weights import group_by_layer, resolve
@@ -46,9 +45,6 @@ class CudaModel:
     STATE_LAYOUT = "kv-f32/1"
 
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
-        if cfg.rope_scaling.kind not in ("none", "linear") or cfg.rope_scaling.mscale != 1.0:
-            raise UnsupportedArchitecture(f"{cfg.arch}: RoPE scaling '{cfg.rope_scaling.kind}' (cos/sin magnitude "
-                                          f"{cfg.rope_scaling.mscale}) has no CUDA path yet")  # fmt: skip
         self.cfg = cfg
         self.weights = weights  # owns the device allocation every weight handle below points into
         self.max_seq = max_seq
@@ -114,10 +110,11 @@ class CudaModel:
             out += self._qkv(L, n)
             kc = self.k_cache.view(i * self.max_seq * c.n_kv_heads * c.head_dim, self.k_cache.shape[1:])
             vc = self.v_cache.view(i * self.max_seq * c.n_kv_heads * c.value_dim, self.v_cache.shape[1:])
+            freq_scale, yarn = knr.rope_scaling(c.rope_dim, c.rope_theta, c.rope_scaling)  # linear, YaRN, magnitude
             out.append(knr.qk_rope_kv(self.q, self.k, self.v, n, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
                                      L.get("attn_q_norm"), L.get("attn_k_norm"), c.norm_eps, c.rope_dim,
-                                     c.rope_theta, self._freq_scale(), self.rope_freqs, c.rope_type == "neox",
-                                     self.pos, kc, vc))  # fmt: skip
+                                     c.rope_theta, freq_scale, self.rope_freqs, c.rope_type == "neox",
+                                     self.pos, kc, vc, yarn=yarn))  # fmt: skip
             scale = 1.0 / math.sqrt(c.head_dim)
             if n == 1:
                 out.append(ka.attn_decode(self.q, kc, vc, self.pos, c.n_heads, c.n_kv_heads, c.head_dim,

@@ -1,0 +1,211 @@
+"""`deepseek2` on the CUDA backend: models/mla.py's absorbed multi-head latent attention as kernel launches, leading
+dense FFN layers, then engine/models/moe_cuda.py's MoE FFN (the same interface as models/dense_cuda.py, whose LM head
+this reuses).
+
+Per layer, for n tokens at positions pos0.. (`ctrl[0]`), the input RMS-normed by attn_norm (fused into the matvecs
+for n <= 48, rmsnorm_rows + GEMM above):
+  q = attn_q . xn, or attn_q_b . RMSNorm(attn_q_a . xn, attn_q_a_norm)    (n, H, nope + rope)
+  kva = attn_kv_a_mqa . xn                                                 (n, R + rope)
+  mla_kv_rope: cache row p = [RMSNorm(kva latent) | RoPE(k_pe)], qa[..., R:] = RoPE(q_pe)     (norm_rope.cu)
+  head_matvec attn_k_b: qa[..., :R] = attn_k_b[h] . q_nope                                    (mla.cu)
+  mla_attn over the latent cache (n = 1: split keys, then attn_combine) -> o_lat (n, H, R)
+  head_matvec attn_v_b: att = attn_v_b[h] . o_lat (n, H * v);  x += attn_output . att
+  FFN (ffn_norm): dense SwiGLU below leading_dense_block_count, MoEFFN above.
+The cache holds R + rope floats per position and layer, written at device positions: decode is one CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.config import ModelConfig
+from engine.cuda import k_attention as ka
+from engine.cuda import k_elementwise as kel
+from engine.cuda import k_embed as ke
+from engine.cuda import k_gemm as kg
+from engine.cuda import k_matvec as km
+from engine.cuda import k_mla as kmla
+from engine.cuda import k_norm_rope as knr
+from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
+from engine.cuda.driver import Launch
+from engine.cuda.memory import DeviceArray, DeviceWeight
+from engine.cuda.upload import DeviceWeights
+from engine.errors import UnsupportedArchitecture
+from engine.models import dense_cuda, specs
+from engine.models.moe_cuda import MoEFFN
+from engine.quants import row_bytes
+from engine.weights import group_by_layer, resolve
+
+_PER_HEAD = ("attn_k_b", "attn_v_b")  # 3-D tensors ne [K, rows, H]: one (rows, K) matrix per head
+
+
+def kq_scale(cfg: ModelConfig) -> float:
+    """engine/models/mla.kq_scale (which lives beside NumPy): 1/sqrt(nope + rope) times YaRN's mscale^2."""
+    assert cfg.mla is not None
+    s = cfg.rope_scaling
+    ln_factor = math.log(s.factor)
+    a0 = s.mscale if s.kind == "yarn" else s.attn_factor * (1.0 + 0.1 * ln_factor)
+    mscale = a0 * (1.0 + 0.1 * s.yarn_log_multiplier * ln_factor)
+    return mscale * mscale / math.sqrt(cfg.mla.qk_nope_dim + cfg.rope_dim)
+
+
+def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
+    """Rows at..at+m-1 of a (rows, width) activation buffer."""
+    width = a.shape[-1]
+    return a.view(at * width, (m, width))
+
+
+class CudaModel:
+    # The LM head is the dense family's: the same buffers (x, normed, logits) and weights (output, output_norm).
+    head_logits = dense_cuda.CudaModel.head_logits
+    head_gather = dense_cuda.CudaModel.head_gather
+    # State files (engine/state.py): the NumPy backend's LatentCache rows, so states move between the backends.
+    STATE_LAYOUT = "latent-f32/1"
+
+    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
+        m = cfg.mla
+        assert m is not None
+        self.cfg, self.mla = cfg, m
+        self.weights = weights  # owns the device allocation every weight handle below points into
+        self.max_seq = max_seq
+        self.max_batch = max_batch
+        self.row_dim = m.kv_lora_rank + cfg.rope_dim  # D: one latent cache row
+        self._check_shapes()
+        tensors = {}
+        for name, info in resolve(weights.gf, specs.mla(cfg)).items():
+            short = name.split(".")[2] if name.startswith("blk.") else ""
+            tensors[name] = self._per_head(weights, info) if short in _PER_HEAD else weights.tensor(info)
+        top, self.layers = group_by_layer(tensors, cfg.n_layers)
+        self.token_embd = top["token_embd"]  # (n_vocab rows, dim)
+        self.output = self.token_embd if cfg.tied_output else top["output"]
+        self.output_norm = top["output_norm"]  # (dim,) f32
+        self.freq_scale, self.yarn = knr.rope_scaling(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.kq_scale = kq_scale(cfg)
+        moe = cfg.moe
+        self.moe = [MoEFFN(cfg, L, max_batch) if moe is not None and i >= moe.n_dense_leading else None
+                    for i, L in enumerate(self.layers)]  # fmt: skip
+        self._allocate()
+
+    def _check_shapes(self) -> None:
+        c, m = self.cfg, self.mla
+        ok = (m.kv_lora_rank <= kmla.MAX_LATENT and m.kv_lora_rank % 4 == 0 and c.rope_dim % 4 == 0
+              and self.row_dim <= kmla.MAX_ROW and max(m.qk_nope_dim, m.kv_lora_rank) <= kmla.HEAD_MATVEC_MAX_K
+              and c.rope_dim <= 256 and c.rope_type == "norm")  # fmt: skip
+        if not ok:
+            raise UnsupportedArchitecture(
+                f"{c.arch}: no CUDA kernels for latent rank {m.kv_lora_rank} + rope {c.rope_dim} ({c.rope_type} "
+                f"pairs), nope {m.qk_nope_dim} (multiples of 4, rank <= {kmla.MAX_LATENT}, rank + rope <= "
+                f"{kmla.MAX_ROW}, normal rope pairs)"
+            )
+
+    @staticmethod
+    def _per_head(weights: DeviceWeights, info) -> DeviceWeight:
+        """A 3-D tensor ne [K, rows, H] as one matrix of H * rows rows (head h's rows are h*rows .. h*rows+rows-1)."""
+        cols, rows, heads = info.ne
+        return DeviceWeight(weights.ptr(info), info.ggml_type, rows * heads, cols, row_bytes(info.ggml_type, cols),
+                            info.name)  # fmt: skip
+
+    def _allocate(self) -> None:
+        c, m, b, D = self.cfg, self.mla, self.max_batch, self.row_dim
+        H, R = c.n_heads, m.kv_lora_rank
+        self.ctrl = DeviceArray.empty((4 + b,), "i4")  # [pos0, sample step, -, -, token ids (b,)]
+        self.pos = self.ctrl.view(0, (1,))
+        self.step = self.ctrl.view(1, (1,))
+        self.ids = self.ctrl.view(4, (b,))
+        self.x = DeviceArray.empty((b, c.dim))  # residual stream (b, dim) f32
+        self.xb = DeviceArray.empty((b, c.dim))  # normed rows for the GEMM path (b, dim) f32
+        self.q = DeviceArray.empty((b, H * (m.qk_nope_dim + c.rope_dim)))  # (b, H*(nope+rope)) f32
+        self.q_a = DeviceArray.empty((b, max(m.q_lora_rank, 1)))  # (b, q_lora) f32: attn_q_a rows (q-LoRA only)
+        self.kva = DeviceArray.empty((b, D))  # (b, R+rope) f32: attn_kv_a_mqa rows
+        self.qa = DeviceArray.empty((b, H * D))  # (b, H*(R+rope)) f32: absorbed queries
+        self.o_lat = DeviceArray.empty((b, H * R))  # (b, H*R) f32: attention output in the latent space
+        self.att = DeviceArray.empty((b, H * m.v_head_dim))  # (b, H*v) f32: decompressed, attn_output's input
+        hidden = max(c.hidden_dim, 1)
+        self.hb = DeviceArray.empty((b, hidden))  # (b, hidden) f32
+        self.hb2 = DeviceArray.empty((b, hidden))  # (b, hidden) f32, only when gate/up types differ
+        self.part_o = DeviceArray.empty((H, N_SPLITS, R))  # (H, splits, R) f32
+        self.part_ml = DeviceArray.empty((H, N_SPLITS, 2))  # (H, splits, 2) f32
+        self.cache = DeviceArray.empty((c.n_layers, self.max_seq, D))  # (layers, max_seq, R+rope) f32
+        self.logits = DeviceArray.empty((dense_cuda.LOGIT_ROWS, c.n_vocab))  # (64, n_vocab) f32
+        self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.cache.nbytes
+
+    def state_arrays(self, n: int) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], bool]]:
+        """The latent rows of positions 0..n-1 as a state file holds them (LatentCache's "rows"): one contiguous
+        device run per layer."""
+        c, row = self.cfg, 4 * self.row_dim
+        runs = [(self.cache.ptr + i * self.max_seq * row, n * row) for i in range(c.n_layers)]
+        return [("rows", (c.n_layers, n, self.row_dim), runs, True)]
+
+    # -- the forward pass ----------------------------------------------------------------------------------
+
+    def forward(self, n: int) -> list[Launch]:
+        """Launches that embed ids[:n] at positions pos0.. and run every layer; the result is x[:n] (unnormed)."""
+        out = [ke.embed(self.token_embd, self.ids, n, self.x)]
+        for i, L in enumerate(self.layers):
+            out += self._attention(L, i, n)
+            out += self._ffn(L, n) if self.moe[i] is None else self.moe[i].launches(self.x, n, L["ffn_norm"])
+        return out
+
+    def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
+                norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
+        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM."""
+        if not use_matvec(n):
+            assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
+            return [kg.gemm(w, x, n, y, resid=resid)]
+        eps = self.cfg.norm_eps
+        return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
+                          resid=None if resid is None else _rows(resid, at, m)) for at, m in passes(n)]  # fmt: skip
+
+    def _normed(self, norm_w: DeviceArray, n: int) -> tuple[DeviceArray, DeviceArray | None, list[Launch]]:
+        """(source rows, norm for the matvecs, launches): x with the norm fused for matvecs, else xb normed here."""
+        if use_matvec(n):
+            return self.x, norm_w, []
+        return self.xb, None, [knr.rmsnorm_rows(self.x, norm_w, self.cfg.norm_eps, self.xb, n)]
+
+    def _queries(self, L: dict, src: DeviceArray, norm: DeviceArray | None, n: int) -> list[Launch]:
+        """q[:n] (n, H, nope + rope): attn_q . xn, or with q-LoRA attn_q_b . RMSNorm(attn_q_a . xn, attn_q_a_norm)."""
+        if not self.mla.q_lora_rank:
+            return self._matmul(L["attn_q"], src, n, self.q, norm_w=norm)
+        out = self._matmul(L["attn_q_a"], src, n, self.q_a, norm_w=norm)
+        if use_matvec(n):  # the q_a norm rides along in attn_q_b's matvecs
+            return out + self._matmul(L["attn_q_b"], self.q_a, n, self.q, norm_w=L["attn_q_a_norm"])
+        out.append(knr.rmsnorm_rows(self.q_a, L["attn_q_a_norm"], self.cfg.norm_eps, self.q_a, n))
+        return out + self._matmul(L["attn_q_b"], self.q_a, n, self.q)
+
+    def _attention(self, L: dict, layer: int, n: int) -> list[Launch]:
+        c, m, D = self.cfg, self.mla, self.row_dim
+        H, R, P, nope, v = c.n_heads, m.kv_lora_rank, c.rope_dim, m.qk_nope_dim, m.v_head_dim
+        cache = self.cache.view(layer * self.max_seq * D, (self.max_seq, D))
+        src, norm, out = self._normed(L["attn_norm"], n)
+        out += self._queries(L, src, norm, n)
+        out += self._matmul(L["attn_kv_a_mqa"], src, n, self.kva, norm_w=norm)
+        out.append(knr.mla_kv_rope(self.kva, L["attn_kv_a_norm"], c.norm_eps, self.q, self.qa, n, H, R, P, nope,
+                                   c.rope_theta, self.freq_scale, self.pos, cache, yarn=self.yarn))  # fmt: skip
+        out.append(kmla.head_matvec(L["attn_k_b"], H, self.q, H * (nope + P), nope + P, n, self.qa, H * D, D))
+        if n == 1:
+            out.append(kmla.attn(self.qa, cache, self.pos, 1, H, R, P, self.kq_scale, N_SPLITS, self.part_o,
+                                 self.part_ml, None))  # fmt: skip
+            out.append(ka.attn_combine(self.part_o, self.part_ml, H, N_SPLITS, R, self.o_lat))
+        else:
+            out.append(kmla.attn(self.qa, cache, self.pos, n, H, R, P, self.kq_scale, 1, None, None, self.o_lat))
+        out.append(kmla.head_matvec(L["attn_v_b"], H, self.o_lat, H * R, R, n, self.att, H * v, v))
+        return out + self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x)
+
+    def _ffn(self, L: dict, n: int) -> list[Launch]:
+        """x[:n] += the dense SwiGLU FFN of RMSNorm(x[:n]) * ffn_norm."""
+        gate, up = L["ffn_gate"], L["ffn_up"]
+        src, norm, out = self._normed(L["ffn_norm"], n)
+        if gate.ggml_type != up.ggml_type:  # mixed types cannot share one fused launch
+            out += self._matmul(gate, src, n, self.hb, norm_w=norm)
+            out += self._matmul(up, src, n, self.hb2, norm_w=norm)
+            out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
+        elif use_matvec(n):
+            out += [km.matvec_swiglu(gate, up, _rows(src, at, k), k, _rows(self.hb, at, k), norm_w=norm,
+                                     eps=self.cfg.norm_eps) for at, k in passes(n)]  # fmt: skip
+        else:
+            out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
+        return out + self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)
