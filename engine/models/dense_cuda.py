@@ -127,10 +127,6 @@ class CudaModel:
             out += self._ffn(L, n) if self.moe[i] is None else self.moe[i].launches(self.x, n, L["ffn_norm"])
         return out
 
-    def _freq_scale(self) -> float:
-        s = self.cfg.rope_scaling
-        return 1.0 / s.factor if s.kind == "linear" else 1.0
-
     def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
                 norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
         """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM;
