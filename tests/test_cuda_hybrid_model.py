@@ -181,7 +181,8 @@ def test_synthetic_moe_hybrid_matches_numpy(tmp_path, variant):
 
 # -- speed, on request ---------------------------------------------------------------------------------------------
 
-# Qwen3.5-0.8B's text model (its config.json): 24 layers, every 4th full attention; hidden 1024, FFN 3584;
+# Qwen3.5-0.8B's text model as we read its config (to be checked against the published config.json before quoting
+# the figures as that model's): 24 layers, every 4th full attention; hidden 1024, FFN 3584;
 # attention 8 heads / 2 KV heads of 256, 64 rotary dims, theta 1e7; Gated DeltaNet 16 key / 16 value heads of 128,
 # conv kernel 4; vocabulary 248320, tied embeddings.
 BENCH_KV = {
