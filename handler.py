@@ -17,7 +17,8 @@ from engine import timing
 from engine.worker import serverless  # first: the cold-start clock and the SDK import thread need nothing else
 
 serverless.configure_environment()
-if __name__ == "__main__" and os.environ.get("PORT"):  # a load-balancing endpoint: its own HTTP server, no SDK
+# A load-balancing endpoint (PORT, and no job queue to take from): its own HTTP server, no SDK.
+if __name__ == "__main__" and os.environ.get("PORT") and not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"):
     from engine.worker import http
     from engine.worker.service import Worker
 

@@ -1,5 +1,5 @@
-"""Load-balancing endpoint mode: the same image, started with PORT set, serves HTTP itself (Starlette on uvicorn)
-instead of taking jobs from Runpod's queue.
+"""Load-balancing endpoint mode: the same image, started with PORT set (and no RUNPOD_WEBHOOK_GET_JOB: a queue
+worker never switches), serves HTTP itself (Starlette on uvicorn) instead of taking jobs from Runpod's queue.
 
     GET  /ping                  204 while the model loads, 200 once ready, 503 if it failed to load (Runpod's
                                 load balancer routes to 200 only; the first 204 -> 200 is its cold-start metric)
