@@ -93,6 +93,7 @@ HEAD_CASES = {  # name: (H, rows per head, K): absorption (R, nope) and decompre
     "v_b-fixture": (4, 32, 64),
     "k_b-real": (16, 512, 128),
     "v_b-real": (16, 128, 512),
+    "k_b-v3": (128, 512, 128),  # DeepSeek V3's 128 heads
 }
 
 
@@ -213,6 +214,25 @@ def test_mla_attn(size: str, n: int, pos0: int, seed: int) -> None:
         run(kmla.attn(dev(qa), cache, pos, n, H, R, P, scale, 1, None, None, out))
         np.testing.assert_allclose(out.to_host(), attention64(qa, rows, R, pos0, scale), rtol=1e-4, atol=3e-5,
                                    err_msg=ctx)  # fmt: skip
+
+
+@gpu
+@pytest.mark.parametrize("n, pos0", [(1, 700), (9, 40)])
+def test_mla_attn_v3_heads(n: int, pos0: int, seed: int) -> None:
+    """DeepSeek V3's 128 heads over the real latent sizes: 16 head groups, decode through 32 key splits."""
+    rng = np.random.default_rng(seed)
+    H, R, P, n_splits = 128, 512, 64, 32 if n == 1 else 1
+    qa = rng.standard_normal((n, H, R + P)).astype(np.float32)
+    rows = rng.standard_normal((pos0 + n, R + P)).astype(np.float32)
+    out, part_o, part_ml = poisoned((n, H, R)), poisoned((n, H, n_splits, R)), poisoned((n, H, n_splits, 2))
+    pos, scale = dev(np.array([pos0]), np.int32), 1.0 / math.sqrt(192)
+    if n == 1:
+        run(kmla.attn(dev(qa), dev(rows), pos, 1, H, R, P, scale, n_splits, part_o, part_ml, None),
+            ka.attn_combine(part_o, part_ml, H, n_splits, R, out))  # fmt: skip
+    else:
+        run(kmla.attn(dev(qa), dev(rows), pos, n, H, R, P, scale, 1, None, None, out))
+    np.testing.assert_allclose(out.to_host(), attention64(qa, rows, R, pos0, scale), rtol=1e-4, atol=3e-5,
+                               err_msg=f"n={n} pos0={pos0} seed {seed}")  # fmt: skip
 
 
 @gpu
