@@ -24,7 +24,7 @@ from engine.cuda import k_mla as kmla
 from engine.cuda import k_norm_rope as knr
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.models import mla
-from engine.quants import SUPPORTED_TYPES, GGMLType, row_bytes
+from engine.quants import KERNEL_TAGS, GGMLType, row_bytes
 from tests.quant_data import random_weights
 
 gpu = pytest.mark.gpu
@@ -126,7 +126,7 @@ def test_head_matvec(t: GGMLType, case: str, n: int, seed: int) -> None:
 
 
 @gpu
-@pytest.mark.parametrize("t", sorted(SUPPORTED_TYPES - {GGMLType.F32, GGMLType.Q8_0}))
+@pytest.mark.parametrize("t", sorted({GGMLType(t) for t in KERNEL_TAGS} - {GGMLType.F32, GGMLType.Q8_0}))
 @pytest.mark.parametrize("n", [1, 9])
 def test_head_matvec_every_type(t: GGMLType, n: int, seed: int) -> None:
     check_head_matvec(t, "v_b-real", n, seed)  # K = 512: whole blocks of every type
