@@ -206,8 +206,12 @@ def _crafted(kind: str, n: int) -> bytes:
     if kind == "nested":
         return B.build([ARCH, B.gstr("k") + struct.pack("<IIQ", B.ARRAY, B.ARRAY, n) + struct.pack("<IQ", B.U8, 0) * n],
                        [])  # fmt: skip
-    if kind == "kvs":
-        return B.build([ARCH, *(B.gstr(f"k{i}") + struct.pack("<IB", B.U8, 1) for i in range(n))], [])
+    if kind == "kvs":  # n entries "k0000000" .. (u8 = 1), laid out with NumPy: a Python loop would take seconds
+        rec = np.zeros(n, dtype=[("len", "<u8"), ("key", "u1", 8), ("type", "<u4"), ("value", "u1")])
+        rec["len"], rec["type"], rec["value"], rec["key"][:, 0] = 8, B.U8, 1, ord("k")
+        for d in range(7):
+            rec["key"][:, 7 - d] = ord("0") + np.arange(n) // 10**d % 10
+        return B.build([ARCH, rec.tobytes()], [], n_kv=n + 1)
     if kind == "strings":
         return B.build([ARCH, B.gstr("k") + struct.pack("<IIQ", B.ARRAY, B.STRING, n) + b"\0" * 8 * n], [])
     if kind == "alternating":
