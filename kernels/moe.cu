@@ -60,17 +60,31 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
 
 Q_FOR_EACH_TYPE(MOE_KERNELS)
 
+// Block 256, grid.x = n (one token a block).
 extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
-    moe_route(const float* logits, int E, int k, int sigmoid, const float* bias, int n_groups, int n_groups_used,
-              int norm, float scale, const float* xn, int dim, const float* gate_shexp, int* ids, float* w,
-              float* sgate) {
+    moe_route(const float* logits,              // [n, E] router logits, E <= 1024
+              int E, int k,                     // 1 <= k <= min(E, 32)
+              int sigmoid,                      // gating: 0 softmax over E, 1 sigmoid of each
+              const float* bias,                // optional [E] exp_probs_b: for the choice only
+              int n_groups, int n_groups_used,  // E / n_groups experts a group; 1: no groups
+              int norm, float scale,            // w /= max(sum, 2^-14) when norm; w *= scale
+              const float* xn, int dim,         // [n, dim] normed rows, for the shared expert's gate
+              const float* gate_shexp,          // optional [dim]: sgate[t] = sigmoid(gate_shexp . xn[t])
+              int* ids, float* w,               // [n, k] out: experts best first, their weights
+              float* sgate) {                   // [n] out (only with gate_shexp)
     moe::route_token(logits, E, k, sigmoid, bias, n_groups, n_groups_used, norm, scale, xn, dim, gate_shexp, ids, w,
                      sgate);
 }
 
+// Block 1024, grid 1.
 extern "C" __global__ void __launch_bounds__(moe::GROUP_THREADS)
-    moe_group(const int* ids, int n_items, int k, int E, int max_tiles, int* offsets, int* perm_tok, int* inv,
-              int* tiles) {
+    moe_group(const int* ids,   // [n_items] expert of item i = token i / k, slot i % k
+              int n_items, int k, int E,
+              int max_tiles,    // length of the tile list (k_moe.max_tiles: a bound fixed by n_items and E)
+              int* offsets,     // [E + 1] out: expert e's sorted rows are [offsets[e], offsets[e + 1])
+              int* perm_tok,    // [n_items] out: token of sorted row p
+              int* inv,         // [n_items] out: sorted row of item i
+              int* tiles) {     // [max_tiles, 3] out: (e, start, end) per 64-row tile, then (-1, 0, 0)
     moe::group_rows(ids, n_items, k, E, max_tiles, offsets, perm_tok, inv, tiles);
 }
 
