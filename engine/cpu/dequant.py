@@ -27,8 +27,8 @@ import numpy as np
 from engine.errors import GGUFError, InvalidInput, UnsupportedArchitecture
 from engine.quants import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, type_name
 
-# Q6_K, the hungriest decoder, keeps about 10 bytes of temporaries per value: ~2.5 MB per chunk. Chunks this small
-# stay in cache and decode faster than large ones.
+# The hungriest decoders (Q3_K, IQ3_S, IQ2_S) keep about 14 bytes of temporaries per value: ~3.5 MB per chunk.
+# Chunks this small stay in cache and decode faster than large ones.
 _CHUNK_VALUES = 1 << 18
 
 # decoder(blocks (n, type_size) u8, out (n, block_size) f32) writes the n blocks' values into out.

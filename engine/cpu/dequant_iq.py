@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.cpu import iq_tables
-from engine.cpu.dequant import _PAIR_SHIFTS, Decoder, _half, _nibbles
+from engine.cpu.dequant import _PAIR_SHIFTS, CODEBOOK_TYPES, Decoder, _half, _nibbles
 from engine.quants import GGMLType
 
 _SEVEN_BIT_SHIFTS = np.array([0, 7, 14, 21], dtype=np.uint32)  # four 7-bit sign indices in a u32
@@ -116,7 +116,7 @@ def _iq1_s(blocks: np.ndarray, out: np.ndarray) -> None:
 
 # IQ1_M block, 56 bytes: | qs: u8[32] (32) | qh: u8[16] (16) | scales: u16[4] (8) |
 # The f16 d is split over the top nibbles of the 4 scales (scales[i] >> 12 is bits 4i..4i+3); their low 12 bits hold
-# 16 three-bit scales s (bits 3k..: sub-block 4i + k of 16 values, 2 entries). Entry t indexes IQ1_S_GRID with qs[t]
+# 16 three-bit scales s (bits 3k..3k+2: sub-block 4i + k of 16 values, 2 entries). Entry t indexes IQ1_S_GRID with qs[t]
 # plus the low 3 bits of nibble t % 2 of qh[t // 2] as bits 8-10; that nibble's bit 3 is the sign of delta.
 # y = (d * (2s + 1)) * (grid + delta), delta = +-0.125.
 def _iq1_m(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -171,3 +171,4 @@ DECODERS: dict[GGMLType, Decoder] = {
     GGMLType.IQ4_XS: _iq4_xs,
     GGMLType.MXFP4: _mxfp4,
 }
+assert DECODERS.keys() == CODEBOOK_TYPES
