@@ -52,9 +52,18 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-@functools.lru_cache(maxsize=8)
 def _compile(source: str):
-    """The compiled template (one per distinct source: a worker serves one model, so this compiles once)."""
+    """The compiled template, or the TokenizerError of a broken or unsafe one."""
+    compiled = _compiled(source)
+    if isinstance(compiled, TokenizerError):
+        raise TokenizerError(str(compiled))
+    return compiled
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(source: str):
+    """One per distinct source (a worker serves one model, so this compiles once), a failure included: compiling
+    a hostile template may take the sandbox's whole time limit, which is paid once, not by every chat job."""
     import jinja2
 
     from engine.text import sandbox
@@ -66,11 +75,11 @@ def _compile(source: str):
     try:
         return sandbox.compile_template(env, source)
     except sandbox.TemplateLimit as e:
-        raise TokenizerError(f"the model's chat template was stopped: {e}") from None
+        return TokenizerError(f"the model's chat template was stopped: {e}")
     except jinja2.TemplateError as e:
-        raise TokenizerError(f"the model's chat template does not compile: {e}") from None
+        return TokenizerError(f"the model's chat template does not compile: {e}")
     except RecursionError:
-        raise TokenizerError("the model's chat template is nested too deeply to compile") from None
+        return TokenizerError("the model's chat template is nested too deeply to compile")
 
 
 def chatml(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
