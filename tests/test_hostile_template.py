@@ -39,6 +39,20 @@ BOMBS = {
         "{% set ns = namespace(s=['ab']) %}{% for i in range(64) %}{% set ns.s = [ns.s, ns.s] %}{% endfor %}{{ ns.s }}",
         "MAX_CHARS",
     ),
+    "the same list, in a namespace": (
+        "{% set ns = namespace(s=['ab']) %}{% for i in range(64) %}{% set ns.s = [ns.s, ns.s] %}{% endfor %}"
+        "{{ namespace(x=ns.s) }}",
+        "MAX_CHARS",
+    ),
+    "the same list, as dict items": (
+        "{% set ns = namespace(s=['ab']) %}{% for i in range(64) %}{% set ns.s = [ns.s, ns.s] %}{% endfor %}"
+        "{{ dict(a=ns.s).items() }}",
+        "MAX_CHARS",
+    ),
+    "doubling of markup": (
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s|safe ~ ns.s|safe %}{% endfor %}",
+        "MAX_WORK|MAX_CHARS",
+    ),
     "replace amplification": ("{% set s = 'a' * 4000000 %}{{ s.replace('a', s) }}", "MAX_CHARS"),
     "replace filter amplification": ("{% set s = 'a' * 4000000 %}{{ s|replace('a', s) }}", "MAX_CHARS"),
     "%-format width": ("{{ '%2000000000s' % 'x' }}", "MAX_CHARS"),

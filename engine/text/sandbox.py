@@ -21,11 +21,13 @@ import string
 import sys
 import threading
 import time
+from collections.abc import ItemsView, KeysView, ValuesView
 from typing import Any
 
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 MAX_CHARS = 1 << 22  # characters of any one string, items of any one container, and of the output
 MAX_WORK = 1 << 25  # characters and items made over one render, garbage included
@@ -100,6 +102,9 @@ def _budget() -> _Budget:
     return budget
 
 
+_SIZED = (str, list, tuple, dict, set, frozenset, KeysView, ValuesView, ItemsView)
+
+
 def size(value: Any, limit: int = MAX_CHARS) -> int:
     """An upper estimate of len(str(value)), computed without building it; past `limit` characters or MAX_PARTS
     parts it stops and returns a number over the limit. Shared references count each time they appear, as str()
@@ -118,16 +123,19 @@ def size(value: Any, limit: int = MAX_CHARS) -> int:
             total += 2 + 4 * len(v)
             stack.extend(v.keys())
             stack.extend(v.values())
-        elif isinstance(v, (list, tuple, set, frozenset)):
+        elif isinstance(v, _SIZED):  # the other containers (str and dict are above)
             total += 2 + 2 * len(v)
             stack.extend(v)
-        else:  # floats, None, bools, Undefined, namespaces and the like: short reprs
+        elif isinstance(v, Namespace):  # written as <Namespace {attributes}>
+            total += 12
+            stack.append(getattr(v, "_Namespace__attrs", {}))
+        else:  # floats, None, bools, Undefined, loops, macros and the like: short reprs
             total += 32
     return total
 
 
 def _shallow(value: Any) -> int:
-    return len(value) if isinstance(value, (str, list, tuple, dict, set, frozenset)) else 1
+    return len(value) if isinstance(value, _SIZED) else 1
 
 
 _PERCENT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
