@@ -53,6 +53,11 @@ BOMBS = {
         "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s|safe ~ ns.s|safe %}{% endfor %}",
         "MAX_WORK|MAX_CHARS",
     ),
+    "bytes kept in a list": (
+        "{% set s = 'a' * 4000000 %}{% set ns = namespace(l=[]) %}{% for i in range(60000) %}"
+        "{% set ns.l = ns.l + [s.encode()] %}{% endfor %}",
+        "MAX_WORK",
+    ),
     "replace amplification": ("{% set s = 'a' * 4000000 %}{{ s.replace('a', s) }}", "MAX_CHARS"),
     "replace filter amplification": ("{% set s = 'a' * 4000000 %}{{ s|replace('a', s) }}", "MAX_CHARS"),
     "%-format width": ("{{ '%2000000000s' % 'x' }}", "MAX_CHARS"),

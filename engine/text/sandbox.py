@@ -102,7 +102,7 @@ def _budget() -> _Budget:
     return budget
 
 
-_SIZED = (str, list, tuple, dict, set, frozenset, KeysView, ValuesView, ItemsView)
+_SIZED = (str, bytes, bytearray, list, tuple, dict, set, frozenset, KeysView, ValuesView, ItemsView)
 
 
 def size(value: Any, limit: int = MAX_CHARS) -> int:
@@ -117,13 +117,15 @@ def size(value: Any, limit: int = MAX_CHARS) -> int:
             return limit + 1
         if isinstance(v, str):
             total += len(v)
+        elif isinstance(v, (bytes, bytearray)):  # b'...', up to four characters a byte
+            total += 3 + 4 * len(v)
         elif isinstance(v, int) and not isinstance(v, bool):
             total += v.bit_length() // 3 + 2  # decimal digits, sign
         elif isinstance(v, dict):
             total += 2 + 4 * len(v)
             stack.extend(v.keys())
             stack.extend(v.values())
-        elif isinstance(v, _SIZED):  # the other containers (str and dict are above)
+        elif isinstance(v, _SIZED):  # the other containers (str, bytes and dict are above)
             total += 2 + 2 * len(v)
             stack.extend(v)
         elif isinstance(v, Namespace):  # written as <Namespace {attributes}>
