@@ -20,12 +20,12 @@ import pytest
 from engine.cuda import driver, k_gemm, memory
 from engine.cuda.memory import DeviceArray
 from engine.errors import CudaError
-from engine.quants import SUPPORTED_TYPES, GGMLType
+from engine.quants import KERNEL_TAGS, GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
 
 pytestmark = pytest.mark.gpu
 
-TYPES = sorted(SUPPORTED_TYPES)
+TYPES = sorted(KERNEL_TAGS)  # the types the kernels compute
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 # (n, R, K): n and R below, at and past multiples of the 64 x 64 tile (R = 33: rows not a multiple of 4, so the
 # scalar store path); K from one K-quant block to Qwen3-0.6B's ffn_down.

@@ -15,12 +15,12 @@ import pytest
 from engine.cuda import driver, k_embed, k_matvec, memory
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.errors import CudaError
-from engine.quants import SUPPORTED_TYPES, GGMLType
+from engine.quants import KERNEL_TAGS, GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
 
 pytestmark = pytest.mark.gpu
 
-TYPES = sorted(SUPPORTED_TYPES)
+TYPES = sorted(KERNEL_TAGS)  # the types the kernels compute
 # (R, K): R never a multiple of 8 except 1024 rows; K from one block to a Qwen-size ffn_down (11008 = 43 * 256).
 SHAPES = [(1, 32), (13, 256), (67, 4352), (37, 11008), (1003, 1024)]
 RTOL = 1e-5  # of sum |w * x| over the row: float32 accumulation of up to ~11k products
