@@ -111,13 +111,21 @@ def test_concurrent_jobs_take_turns_and_one_cancelled_while_waiting_never_runs()
     jobs = [{"prompt": p, "max_tokens": 6, "temperature": 0.0} for p in ("Hello", "The capital", "Once")]
     alone = [run_job(hm.handler, j) for j in jobs]
 
-    async def outputs(job):
-        return [o async for o in hm.handler({"id": "t", "input": job})]
+    async def outputs(job, answered: asyncio.Event | None = None):
+        out = []
+        async for o in hm.handler({"id": "t", "input": job}):
+            out.append(o)
+            if answered is not None:
+                answered.set()
+        return out
 
     async def together():
-        tasks = [asyncio.create_task(outputs(j)) for j in (*jobs, SHORT)]
-        await asyncio.sleep(0.01)
-        tasks[-1].cancel()  # still waiting for its turn
+        first_answered = asyncio.Event()
+        tasks = [asyncio.create_task(outputs(jobs[0], first_answered))]
+        tasks += [asyncio.create_task(outputs(j)) for j in (*jobs[1:], SHORT)]
+        # Turns go in arrival order: once the first job has answered, the last one still waits behind the other two.
+        await first_answered.wait()
+        tasks[-1].cancel()
         done = await asyncio.gather(*tasks, return_exceptions=True)
         return done[:-1], done[-1]
 
