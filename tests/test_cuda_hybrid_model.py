@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from engine.config import ModelConfig
+from engine.cuda.dispatch import use_matvec
 from engine.engine import Engine
 from engine.gguf import read
 from engine.models import specs
@@ -60,8 +61,16 @@ def test_fixture_conformance(pair, record_property):
         assert C.greedy_agrees(ours, want, margins, m.max_abs_prompt), (ours, want, margins)
 
 
-def _tolerance(name: str, ref: np.ndarray) -> float:
-    return (1e-4 if name.endswith("f32") else 2e-3) * max(1.0, float(np.abs(ref).max()))
+def _tolerance(name: str, ref: np.ndarray, prefill: int) -> float:
+    """F32 files: 1e-4 relative everywhere. Quantized files: the float32 matvec paths (prefill <= MATVEC_MAX)
+    within 2e-3 relative of the CPU backend's exact math; a GEMM chunk uses TF32 tensor cores, whose error the
+    recurrence carries through every later token, and is held to docs/design.md §7's bound for that path (1.25 x
+    llama.cpp's own distance from exact math, which the CPU backend computes)."""
+    if name.endswith("f32"):
+        return 1e-4 * max(1.0, float(np.abs(ref).max()))
+    if use_matvec(prefill):
+        return 2e-3 * max(1.0, float(np.abs(ref).max()))
+    return 1.25 * llamacpp_error(name)
 
 
 def test_cuda_matches_cpu_backend(pair):
@@ -72,10 +81,10 @@ def test_cuda_matches_cpu_backend(pair):
     ids = (ids * 4)[:100]
     for prefill in (len(ids), 49, 48, 9, 8, 7, 2, 1):
         a, b = cuda.logits(ids, prefill=prefill), cpu.logits(ids, prefill=prefill)
-        assert np.abs(a - b).max() <= _tolerance(name, b), (name, prefill, np.abs(a - b).max())
+        assert np.abs(a - b).max() <= _tolerance(name, b, prefill), (name, prefill, np.abs(a - b).max())
     long_ids = np.random.default_rng(7).integers(0, 998, size=600).tolist()
     a, b = cuda.logits(long_ids, prefill=596), cpu.logits(long_ids, prefill=596)
-    assert np.abs(a - b).max() <= _tolerance(name, b), (name, "600 tokens", np.abs(a - b).max())
+    assert np.abs(a - b).max() <= _tolerance(name, b, 596), (name, "600 tokens", np.abs(a - b).max())
 
 
 def test_system1_multi_token_candidates_match_cpu(pair):
