@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from tests.worker_support import ROOT, TINY, WORKER_ENV
 
-LONG = {"prompt": "Hello", "max_tokens": 2000, "temperature": 0.0}  # ~5 s on the tiny model
+LONG = {"prompt": "Hello", "max_tokens": 4000, "temperature": 0.0}  # 3 s or more on the tiny model
 SHORT = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0.0}
 
 
@@ -80,7 +80,7 @@ def test_the_stop_channel_cancels_a_running_job_and_the_next_job_is_answered():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     Platform.queue[:] = [{"id": "job-long", "input": LONG}]
-    env = {**os.environ, **WORKER_ENV, "MODEL_PATH": TINY, "MAX_NEW_TOKENS": "2000", "MAX_SEQ_LEN": "2048",
+    env = {**os.environ, **WORKER_ENV, "MODEL_PATH": TINY, "MAX_NEW_TOKENS": "4000", "MAX_SEQ_LEN": "4096",
            "RUNPOD_POD_ID": "worker1", "RUNPOD_AI_API_KEY": "test", "RUNPOD_PING_INTERVAL": "1000",
            "RUNPOD_WEBHOOK_GET_JOB": f"{base}/v2/job-take/$ID?gpu=test",
            "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/v2/job-done/$RUNPOD_POD_ID/$ID?gpu=test",
@@ -93,7 +93,11 @@ def test_the_stop_channel_cancels_a_running_job_and_the_next_job_is_answered():
         while not any(e[1] == "taken" for e in Platform.events):
             assert proc.poll() is None and time.monotonic() < deadline, "the worker took no job"
             time.sleep(0.05)
-        time.sleep(1.5)  # well into the long job, past a heartbeat
+        taken_at = next(t for t, what, _ in Platform.events if what == "taken")
+        # Stop once a heartbeat has come during the long job (it runs for seconds more), not after a fixed delay.
+        while not any(what == "ping" and t > taken_at for t, what, _ in Platform.events):
+            assert proc.poll() is None and time.monotonic() < deadline, "no heartbeat during the long job"
+            time.sleep(0.01)
         with Platform.lock:
             Platform.queue.append({"id": "job-short", "input": SHORT})
             Platform.stop.append("job-long")
