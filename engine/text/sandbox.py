@@ -372,8 +372,10 @@ def compile_template(env: BoundedEnvironment, source: str):
     """env.from_string(source) under the limits (Jinja folds constant expressions, filters included, here)."""
     if len(source) > MAX_SOURCE_CHARS:
         raise TemplateLimit(f"its source has {len(source)} characters, over MAX_SOURCE_CHARS ({MAX_SOURCE_CHARS})")
-    with _Bounded():
-        return env.from_string(source)
+    with _Bounded() as budget:
+        compiled = env.from_string(source)
+        budget.check()  # the last stretch (Python's own compile() of the generated code) runs untraced
+        return compiled
 
 
 def render(template, variables: dict) -> str:
