@@ -60,8 +60,9 @@ class Platform(BaseHTTPRequestHandler):
                     return self._send(200, {"jobsToStop": ids})
                 time.sleep(0.01)
             return self._send(204)
-        if path.startswith("/ping/"):
-            self.events.append((time.monotonic(), "ping", ""))
+        if path.startswith("/ping/"):  # the heartbeat names the job in progress, if any
+            job_id = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).get("job_id", [""])[0]
+            self.events.append((time.monotonic(), "ping", job_id))
             return self._send(200, {})
         return self._send(404, {})
 
@@ -93,11 +94,12 @@ def test_the_stop_channel_cancels_a_running_job_and_the_next_job_is_answered():
         while not any(e[1] == "taken" for e in Platform.events):
             assert proc.poll() is None and time.monotonic() < deadline, "the worker took no job"
             time.sleep(0.05)
-        taken_at = next(t for t, what, _ in Platform.events if what == "taken")
-        # Stop once a heartbeat has come during the long job (it runs for seconds more), not after a fixed delay.
-        while not any(what == "ping" and t > taken_at for t, what, _ in Platform.events):
+        # Stop once a heartbeat reports the long job in progress (the SDK then tracks it: a stop that came before
+        # would find no job to stop), not after a fixed delay; the job runs for seconds more.
+        while not any(what == "ping" and job == "job-long" for _, what, job in Platform.events):
             assert proc.poll() is None and time.monotonic() < deadline, "no heartbeat during the long job"
             time.sleep(0.01)
+        time.sleep(0.3)  # the job's task is created within the SDK's 0.1 s scheduling tick after it is queued
         with Platform.lock:
             Platform.queue.append({"id": "job-short", "input": SHORT})
             Platform.stop.append("job-long")
