@@ -20,10 +20,14 @@ Tensors are decoded `_CHUNK_VALUES` values at a time, so temporaries stay bounde
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from engine.cpu.blockbits import CODEBOOK_TYPES, Decoder
+from engine.cpu.blockbits import PAIR_SHIFTS as _PAIR_SHIFTS
+from engine.cpu.blockbits import half as _half
+from engine.cpu.blockbits import nibbles as _nibbles
 from engine.errors import GGUFError, InvalidInput, UnsupportedArchitecture
 from engine.quants import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, type_name
 
@@ -31,22 +35,8 @@ from engine.quants import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, type_name
 # Chunks this small stay in cache and decode faster than large ones.
 _CHUNK_VALUES = 1 << 18
 
-# decoder(blocks (n, type_size) u8, out (n, block_size) f32) writes the n blocks' values into out.
-Decoder = Callable[[np.ndarray, np.ndarray], None]
-
 _BIT_SHIFTS = np.arange(8, dtype=np.uint8)[:, None]  # (8, 1): bit k of a byte lands in row k
-_PAIR_SHIFTS = np.arange(0, 8, 2, dtype=np.uint8)[:, None]  # (4, 1): bits 2k..2k+1 of a byte land in row k
 _POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)[:, None]  # (5, 1): TQ1_0's digit k sits at byte * 3^k (mod 256)
-
-
-def _half(field: np.ndarray) -> np.ndarray:
-    """(n, 2) u8 holding a little-endian half -> (n, 1) f32."""
-    return field.view(np.float16).astype(np.float32)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """(..., k) u8 -> (..., 2k) u8: the k low nibbles, then the k high nibbles."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
 # F32 value, 4 bytes: | f32 (4) |
@@ -229,21 +219,6 @@ _DECODERS: dict[GGMLType, Decoder] = {
     GGMLType.TQ1_0: _tq1_0,
     GGMLType.TQ2_0: _tq2_0,
 }
-# Decoded by engine/cpu/dequant_iq.py, imported on first use (it loads the codebook tables).
-CODEBOOK_TYPES = frozenset(
-    {
-        GGMLType.IQ2_XXS,
-        GGMLType.IQ2_XS,
-        GGMLType.IQ2_S,
-        GGMLType.IQ3_XXS,
-        GGMLType.IQ3_S,
-        GGMLType.IQ1_S,
-        GGMLType.IQ1_M,
-        GGMLType.IQ4_NL,
-        GGMLType.IQ4_XS,
-        GGMLType.MXFP4,
-    }
-)
 assert _DECODERS.keys() | CODEBOOK_TYPES == SUPPORTED_TYPES and not _DECODERS.keys() & CODEBOOK_TYPES
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from engine.cpu import iq_tables
-from engine.cpu.dequant import _PAIR_SHIFTS, CODEBOOK_TYPES, Decoder, _half, _nibbles
+from engine.cpu.blockbits import CODEBOOK_TYPES, Decoder
+from engine.cpu.blockbits import PAIR_SHIFTS as _PAIR_SHIFTS
+from engine.cpu.blockbits import half as _half
+from engine.cpu.blockbits import nibbles as _nibbles
 from engine.quants import GGMLType
 
 _SEVEN_BIT_SHIFTS = np.array([0, 7, 14, 21], dtype=np.uint32)  # four 7-bit sign indices in a u32

@@ -6,8 +6,8 @@ Per layer, for n tokens at positions pos0.. (`ctrl[0]`), the input RMS-normed by
 for n <= 48, rmsnorm_rows + GEMM above):
   q = attn_q . xn, or attn_q_b . RMSNorm(attn_q_a . xn, attn_q_a_norm)    (n, H, nope + rope)
   kva = attn_kv_a_mqa . xn                                                 (n, R + rope)
-  mla_kv_rope: cache row p = [RMSNorm(kva latent) | RoPE(k_pe)], qa[..., R:] = RoPE(q_pe)     (norm_rope.cu)
-  head_matvec attn_k_b: qa[..., :R] = attn_k_b[h] . q_nope                                    (mla.cu)
+  mla_kv_rope: cache row p = [RMSNorm(kva latent) | RoPE(k_pe)], qa[..., R:] = RoPE(q_pe)   (k_norm_rope)
+  head_matvec attn_k_b: qa[..., :R] = attn_k_b[h] . q_nope                                  (k_mla)
   mla_attn over the latent cache (n = 1: split keys, then attn_combine) -> o_lat (n, H, R)
   head_matvec attn_v_b: att = attn_v_b[h] . o_lat (n, H * v);  x += attn_output . att
   FFN (ffn_norm): dense SwiGLU below leading_dense_block_count, MoEFFN above.
