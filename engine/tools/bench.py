@@ -3,15 +3,17 @@
 Warm: system1 (a ~10-token prompt, 3 candidates), prefill at 16 and 512 tokens, decode over 128 tokens (EOS
 ignored), each after warm-up, as medians and p95 over repeats, with achieved weight bandwidth beside tokens/s.
 Cold: N fresh `python -m engine system1|generate` processes; each one's own phase breakdown plus the wall clock
-seen from outside (process spawn to exit), p50 / p95 per phase.
+seen from outside (process spawn to exit), the GPU energy and peak memory it took, p50 / p95 per phase.
+`--peer llama.cpp=BUILD_DIR`: the same file through llama.cpp, interleaved with ours (engine/tools/peer.py), and the
+ratios; `--plot FILE.svg|png` draws the cold-start phases and the decode / prefill bars (engine/tools/plot.py).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -80,49 +82,77 @@ def warm(engine, repeats: int = 20) -> dict:
     return res
 
 
-def cold(model: str, runs: int, backend: str | None) -> dict:
-    """Fresh processes: system1 and generate (1 token), phases p50/p95 and the external wall clock."""
-    out = {}
+def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> tuple[dict, dict | None]:
+    """Fresh processes: system1 and generate (1 token), phases p50/p95, the external wall clock, GPU energy and peak
+    memory; with a `peer` (engine.tools.peer.LlamaCpp), its cold first token on the same file, interleaved."""
+    from engine.tools.peer import Meter
+
+    meter = meter or Meter()
     extra = ["--backend", backend] if backend else []
     jobs = {
         "system1": ["system1", model, SYSTEM1_PROMPT, *[a for c in CANDIDATES for a in ("--candidate", c)]],
         "generate": ["generate", model, SYSTEM1_PROMPT, "--max-tokens", "1"],
     }
-    for name, args in jobs.items():
-        phases: dict[str, list[float]] = {}
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            p = subprocess.run([sys.executable, "-m", "engine", *args, *extra], capture_output=True, text=True,
-                               timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-            wall = (time.perf_counter() - t0) * 1000.0
-            result = json.loads(p.stdout.strip().splitlines()[-1])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ours: dict[str, dict[str, list[float]]] = {name: {} for name in jobs}
+    theirs: dict[str, list[float]] = {}
+    for _ in range(runs):
+        for name, args in jobs.items():
+            r = meter.run([sys.executable, "-m", "engine", *args, *extra], env=env)
+            result = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"error": r.stderr[-500:]}
             if "error" in result:
                 raise RuntimeError(f"cold {name} run failed: {result}")
-            for k, v in result["cold_start"].items():
-                if isinstance(v, float):
-                    phases.setdefault(k, []).append(v)
-            phases.setdefault("external_wall_ms", []).append(wall)
-        out[name] = {k: _summary(v) for k, v in phases.items()}
-    return out
+            phases = {k: v for k, v in result["cold_start"].items() if isinstance(v, float)}
+            _collect(ours[name], phases, r)
+        if peer is not None:
+            r = meter.run(peer.cold_argv(model, SYSTEM1_PROMPT))
+            if r.returncode != 0:
+                raise RuntimeError(f"{peer.name} cold run failed: {r.stderr[-500:]}")
+            _collect(theirs, peer.phases(r.stderr), r)
+    summary = {name: {k: _summary(v) for k, v in phases.items()} for name, phases in ours.items()}
+    return summary, ({k: _summary(v) for k, v in theirs.items()} if peer is not None else None)
+
+
+def _collect(into: dict[str, list[float]], phases: dict[str, float], r) -> None:
+    for k, v in phases.items():
+        into.setdefault(k, []).append(v)
+    into.setdefault("external_wall_ms", []).append(r.wall_ms)
+    for key in ("energy_j", "peak_vram_mib"):
+        if getattr(r, key) is not None:
+            into.setdefault(key, []).append(getattr(r, key))
 
 
 def run(args) -> dict:
     from engine.engine import Engine
+    from engine.tools import peer as peers
 
+    peer = peers.LlamaCpp(args.peer.split("=", 1)[1]) if args.peer else None  # checked before anything is timed
     report = {"date": time.strftime("%Y-%m-%d"), "model": os.path.basename(args.model), "command": " ".join(sys.argv)}
+    meter = peers.Meter()
+    report["idle_watts"] = meter.idle_watts() if args.cold else None
     vram_before = _free_mib() if args.backend != "cpu" else None
     engine = Engine.load(args.model, backend=args.backend, max_seq_len=args.max_seq_len)
     report["backend"] = engine.backend
+    report["file_mib"] = round(os.path.getsize(args.model) / 2**20, 1)
     if engine.backend == "cuda":
         from engine.cuda import driver
 
         report["device"] = driver.device_info(0)
         report["vram_resident_mib"] = vram_before - report["device"]["free_mib"]
-        report["file_mib"] = round(os.path.getsize(args.model) / 2**20, 1)
     report["warm"] = warm(engine, args.repeats)
+    del engine  # the GPU is the cold processes' and the peer's from here on
+    gc.collect()
     if args.cold:
-        report["cold"] = cold(args.model, args.cold, args.backend)
-    return timing.rounded(report)
+        report["cold"], peer_cold = cold(args.model, args.cold, args.backend, peer, meter)
+    if peer is not None:
+        report["peer"] = {"name": peer.name, "bin": peer.bin, "cold": peer_cold or {}, "warm": peer.bench(args.model)}
+        report["ours_vs_peer"] = peers.compare(report)
+    report = timing.rounded(report)
+    if args.plot:
+        from engine.tools.plot import draw
+
+        draw(report, args.plot)
+    return report
 
 
 def _free_mib() -> int | None:

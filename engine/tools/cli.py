@@ -167,6 +167,13 @@ def _read_reference(path: str) -> tuple[list[int], float]:
     return ids, float(checksum)
 
 
+def _peer(text: str) -> str:
+    name, sep, path = text.partition("=")
+    if name != "llama.cpp" or not sep or not path:
+        raise argparse.ArgumentTypeError(f"expected llama.cpp=BUILD_DIR, got {text!r}")
+    return text
+
+
 def cmd_bench(args) -> int:
     from engine.tools.bench import run
 
@@ -300,6 +307,14 @@ def _parser() -> argparse.ArgumentParser:
     b = model_cmd("bench", "warm latency/throughput here, cold start over fresh processes (p50/p95)")
     b.add_argument("--repeats", type=_integer(1), default=20, help="timed repeats of each warm measurement")
     b.add_argument("--cold", type=_integer(0), default=0, help="fresh processes per cold measurement (0: skip)")
+    b.add_argument(
+        "--peer",
+        metavar="llama.cpp=DIR",
+        type=_peer,
+        default=None,
+        help="also run llama.cpp's llama-simple / llama-bench from this build directory, interleaved",
+    )
+    b.add_argument("--plot", metavar="FILE", default=None, help="draw the report to an .svg or .png file")
     b.set_defaults(func=cmd_bench)
 
     f = model_cmd("profile", "time each launch of one CUDA decode step, grouped by kernel")
