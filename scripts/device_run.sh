@@ -4,6 +4,12 @@
 #   tests      pytest -m gpu (+ the CPU suite's fast parts that touch the CUDA path)
 #   sanitizer  compute-sanitizer memcheck over the kernel tests (SANITIZER_PATHS picks them)
 #   bench      the Qwen3-0.6B-shaped benchmark models: engine bench (warm + cold), conformance report
+#   llamacpp   build llama.cpp (llama-simple, llama-bench; CUDA sm_90) from the source tarball LLAMA_TARBALL
+#              (its vendor/llama.cpp folder from the llama-cpp-python sdist) into $LLAMA_DIR
+#   models     the benchmark models: Qwen3-0.6B shaped (make_bench_model.py) and the MoE / MLA / hybrid shapes
+#              (make_family_bench_model.py), into bench/models
+#   peer       engine bench --cold $COLD_RUNS --peer llama.cpp=$LLAMA_DIR --plot, per model named in PEER_MODELS
+#   worker     scripts/worker_cold.py on the Qwen3-0.6B-shaped Q4_K_M model (needs the runpod wheels)
 # Usage: STAGES="tests bench" scripts/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,10 +17,12 @@ OUT="${OUT:-device-out}"
 mkdir -p "$OUT"
 STAGES="${STAGES:-tests}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
-fi
+for d in .whl .whl-worker; do  # once per machine: several stages may run at once, detached
+  [ -d $d ] && [ ! -f /tmp/site/.installed$d ] || continue
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $d/*.whl \
+    > "$OUT/pip$d.log" 2>&1 || { cat "$OUT/pip$d.log"; exit 1; }
+  touch /tmp/site/.installed$d
+done
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -1;
   python3 -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)'; } > "$OUT/env.txt" 2>&1
 [ -f kernels/build/manifest.json ] || CUDA_ARCHS=90 ./build_kernels.sh > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
@@ -40,6 +48,31 @@ for stage in $STAGES; do
       timeout 300 python3 -m engine bench "$m" --cold "${COLD_RUNS:-10}" > "$OUT/bench_q4_k_m.json" 2>> "$OUT/bench.log"
       timeout 120 python3 -m engine bench bench/models/qwen3-0.6b-shaped-q8_0.gguf > "$OUT/bench_q8_0.json" 2>> "$OUT/bench.log"
       tail -5 "$OUT/bench.log"; cat "$OUT"/bench_*.json ;;
+    llamacpp)
+      LLAMA_DIR="${LLAMA_DIR:-/tmp/llama.cpp}"
+      mkdir -p "$LLAMA_DIR" && tar xJf "${LLAMA_TARBALL:-.carry/llama.cpp.tar.xz}" -C "$LLAMA_DIR" --strip-components=1 &&
+        cmake -S "$LLAMA_DIR" -B "$LLAMA_DIR/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+          -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF > "$OUT/llamacpp.log" 2>&1 &&
+        cmake --build "$LLAMA_DIR/build" -j "$(nproc)" --target llama-simple llama-bench >> "$OUT/llamacpp.log" 2>&1
+      echo "llama.cpp build exit $?"; tail -3 "$OUT/llamacpp.log" ;;
+    models)
+      [ -f bench/models/qwen3-0.6b-shaped-q4_k_m.gguf ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/models.log" 2>&1
+      for shape in ${SHAPES:-qwen3.5-0.8b deepseek-v2-lite qwen3-30b-a3b}; do
+        [ -f "bench/models/$shape-shaped-q4_k_m.gguf" ] || python3 scripts/make_family_bench_model.py --shape "$shape" >> "$OUT/models.log" 2>&1
+      done
+      tail -12 "$OUT/models.log" ;;
+    peer)
+      for m in ${PEER_MODELS:-qwen3-0.6b-shaped-q4_k_m}; do
+        python3 -m engine prepare "bench/models/$m.gguf" >> "$OUT/peer.log" 2>&1
+        timeout "${PEER_TIMEOUT:-400}" python3 -m engine bench "bench/models/$m.gguf" --cold "${COLD_RUNS:-5}" \
+          --peer "llama.cpp=${LLAMA_DIR:-/tmp/llama.cpp}/build" --plot "$OUT/peer_$m.svg" > "$OUT/peer_$m.json" 2>> "$OUT/peer.log"
+        echo "$m: exit $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('ours_vs_peer'))" "$OUT/peer_$m.json"
+      done ;;
+    worker)
+      m=bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
+      python3 -m engine prepare "$m" > /dev/null 2>&1
+      timeout 300 python3 scripts/worker_cold.py "$m" --runs "${COLD_RUNS:-5}" --backend cuda > "$OUT/worker_cold.json" 2> "$OUT/worker.log"
+      echo "worker exit $?"; tail -3 "$OUT/worker.log" ;;
     conformance)
       python3 scripts/conformance_report.py --backend cuda 2>&1 | tee "$OUT/conformance_cuda.md" ;;
   esac

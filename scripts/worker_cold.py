@@ -1,0 +1,96 @@
+"""Cold starts of the Runpod worker beside the bare engine: N fresh `handler.py --test_input` processes (the SDK's
+local test mode runs one job and exits) and N fresh `python -m engine system1` processes on the same model and job,
+alternating; p50 / p95 of each process's own cold-start record and of the wall clock seen from outside.
+
+    python scripts/worker_cold.py MODEL.gguf [--runs 5] [--backend cuda]
+
+Prints one JSON report. The worker's record has the SDK phases (`runpod_import_ms`, `runpod_import_wait_ms`,
+`process_start_to_worker_ready_ms`, `process_start_to_first_job_ms`) beside the engine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = "Question: is the sky blue on a clear day? Answer:"
+CANDIDATES = [" yes", " no", " maybe"]
+_RESULT = "Job result: "
+
+
+def _summary(values: list[float]) -> dict:
+    s = sorted(values)
+    return {"p50": round(statistics.median(s), 1), "p95": round(s[min(len(s) - 1, round((len(s) - 1) * 0.95))], 1),
+            "min": round(s[0], 1), "n": len(s)}  # fmt: skip
+
+
+def _worker(model: str, env: dict) -> tuple[dict, float]:
+    job = json.dumps({"input": {"prompt": PROMPT, "candidates": CANDIDATES}})
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "handler.py", "--test_input", job], capture_output=True, text=True, cwd=ROOT,
+                       env={**env, "MODEL_PATH": model}, timeout=600)  # fmt: skip
+    wall = (time.perf_counter() - t0) * 1000.0
+    for line in (p.stdout + p.stderr).splitlines():
+        if _RESULT in line:  # the SDK logs the job's result as a Python literal
+            output = ast.literal_eval(line.split(_RESULT, 1)[1])["output"]
+            output = output[0] if isinstance(output, list) else output
+            if "error" in output:
+                break
+            return output["cold_start"], wall
+    raise RuntimeError(f"worker run failed (exit {p.returncode}): {(p.stdout + p.stderr)[-1500:]}")
+
+
+def _engine(model: str, env: dict, backend: str | None) -> tuple[dict, float]:
+    argv = [
+        sys.executable,
+        "-m",
+        "engine",
+        "system1",
+        model,
+        PROMPT,
+        *[a for c in CANDIDATES for a in ("--candidate", c)],
+    ]
+    argv += ["--backend", backend] if backend else []
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    wall = (time.perf_counter() - t0) * 1000.0
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    if "error" in result:
+        raise RuntimeError(f"engine run failed: {result}")
+    return result["cold_start"], wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--backend", default=None)
+    args = ap.parse_args(argv)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if args.backend:
+        env["REFLEX_BACKEND"] = args.backend
+    runs: dict[str, dict[str, list[float]]] = {"worker": {}, "engine": {}}
+    for _ in range(args.runs):
+        for name, fn in (("worker", lambda: _worker(args.model, env)),
+                         ("engine", lambda: _engine(args.model, env, args.backend))):  # fmt: skip
+            record, wall = fn()
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    runs[name].setdefault(k, []).append(float(v))
+            runs[name].setdefault("external_wall_ms", []).append(wall)
+    report = {"date": time.strftime("%Y-%m-%d"), "model": os.path.basename(args.model), "runs": args.runs,
+              "command": " ".join(sys.argv)}  # fmt: skip
+    report |= {name: {k: _summary(v) for k, v in phases.items()} for name, phases in runs.items()}
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
