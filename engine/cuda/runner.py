@@ -247,11 +247,15 @@ class CudaRunner:
 
     def export_state(self) -> list:
         """The caches after the current position as state-file arrays; each device run is copied out when the
-        file writer reaches it, so at most one run is on the host at a time."""
+        file writer reaches it, so at most one run is on the host at a time. A model whose state the kernels keep
+        in another order than the file's (the hybrids' recurrent state) stages it first (`state_export_launches`)
+        and takes it back after an import (`state_import_launches`)."""
         from engine import state
 
         self.state_layout  # noqa: B018
         driver.start_context(self.device)
+        for launch in getattr(self.model, "state_export_launches", list)():  # state kept in another order, staged
+            launch(self.stream)
         memory.synchronize(self.stream)
 
         def chunks(runs):
@@ -278,6 +282,8 @@ class CudaRunner:
                 src = ctypes.addressof(ctypes.c_char.from_buffer(sf.mm, at))
                 memory.memcpy_async(address, src, n_bytes, memory.H2D, self.stream)
                 at += n_bytes
+        for launch in getattr(self.model, "state_import_launches", list)():  # staged arrays into the kernels' order
+            launch(self.stream)
         memory.synchronize(self.stream)
         self._resident = sf
         self.position = n

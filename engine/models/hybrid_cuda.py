@@ -11,10 +11,14 @@ for n <= 48, rmsnorm_rows + GEMM above):
   FFN (post_attention_norm): dense SwiGLU, or engine/models/moe_cuda.py's MoEFFN (qwen35moe, qwen3next).
 The conv and recurrent states are rewritten by every token: the runner's snapshot()/restore() save and reload them
 (`save_state` / `load_state`, device-to-device copies into buffers allocated here) and reset() zeroes them.
+State files (engine/state.py) hold the NumPy backend's HybridCache arrays, so a state moves between the backends: the
+K/V rows and conv state as they are, the recurrent state transposed per v head on the way in and out.
+LoRA updates (engine/cuda/lora.py) ride beside every matmul of the mixers and of the dense FFN, as in dense_cuda.
 """
 
 from __future__ import annotations
 
+import array
 import math
 
 from engine.config import ModelConfig
@@ -28,11 +32,13 @@ from engine.cuda import k_norm_rope as knr
 from engine.cuda import memory
 from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
 from engine.cuda.driver import Launch
-from engine.cuda.memory import DeviceArray
+from engine.cuda.lora import NO_LORA
+from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
 from engine.errors import CudaError, UnsupportedArchitecture
 from engine.models import dense_cuda, specs
 from engine.models.moe_cuda import MoEFFN
+from engine.quants import GGMLType
 from engine.weights import group_by_layer, resolve
 
 
@@ -47,10 +53,28 @@ def _from(a: DeviceArray, offset: int) -> DeviceArray:
     return a.view(offset, (a.size - offset,))
 
 
+def _identity(d: int) -> DeviceArray:
+    """I (d, d) f32 on the device."""
+    host = array.array("f", bytes(4 * d * d))
+    for j in range(d):
+        host[j * d + j] = 1.0
+    eye = DeviceArray.empty((d, d))
+    memory.memcpy(eye.ptr, host.buffer_info()[0], 4 * d * d, memory.H2D)
+    return eye
+
+
 class CudaModel:
     # The LM head is the dense family's: the same buffers (x, normed, logits) and weights (output, output_norm).
     head_logits = dense_cuda.CudaModel.head_logits
     head_gather = dense_cuda.CudaModel.head_gather
+    # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one. The MoE FFN's
+    # router and experts have no CUDA LoRA path (engine/cuda/lora.check_supported refuses them).
+    _matmul = dense_cuda.CudaModel._matmul
+    LORA_TARGETS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ssm_in", "ssm_ba",
+                              "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"})  # fmt: skip
+    # State files: k, v (n_attn, n, KVH, hd), conv (n_rec, K-1, conv_dim), ssm (n_rec, H_v, Dk, Dv) f32, the NumPy
+    # HybridCache's arrays. None (no state files) when Dv is not a multiple of 32: the F32 GEMM transposes ssm.
+    STATE_LAYOUT: str | None = "hybrid-f32/1"
 
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
         g = cfg.gdn
@@ -81,6 +105,9 @@ class CudaModel:
         moe = cfg.moe
         self.moe = [MoEFFN(cfg, L, max_batch) if moe is not None and i >= moe.n_dense_leading else None
                     for i, L in enumerate(self.layers)]  # fmt: skip
+        self.lora = NO_LORA  # engine/cuda/lora.attach replaces it before the first launch list is built
+        if g.head_v_dim % 32:
+            self.STATE_LAYOUT = None
         self._allocate()
         self._saved = 0  # serial number of the state in the snapshot buffers (0: none)
 
@@ -127,9 +154,12 @@ class CudaModel:
         self.conv_state = DeviceArray.empty(conv)  # (n_rec, K-1, conv_dim) f32: last K-1 conv inputs
         self.ssm_state = DeviceArray.empty(ssm)  # (n_rec, H_v, Dv, Dk) f32: S transposed per v head
         self.conv_saved = DeviceArray.empty(conv)  # snapshot copies of the two
-        self.ssm_saved = DeviceArray.empty(ssm)
+        self.ssm_saved = DeviceArray.empty(ssm)  # ... also a state file's ssm (n_rec, H_v, Dk, Dv) on its way
         for state in (self.conv_state, self.ssm_state):
             state.fill_byte(0)
+        # Identities (Dk, Dk) and (Dv, Dv) f32: the F32 GEMM with A = I computes C = Wᵀ exactly (one product by 1
+        # and zeros per output), which is how ssm is transposed between the kernels' order and the file's.
+        self.eye_k, self.eye_v = (_identity(d) for d in (g.head_k_dim, g.head_v_dim))
         memory.synchronize(0)  # the fill runs on the legacy stream, which the runner's non-blocking stream ignores
 
     @property
@@ -158,6 +188,46 @@ class CudaModel:
         for src, dst in ((self.conv_saved, self.conv_state), (self.ssm_saved, self.ssm_state)):
             memory.memcpy_async(dst.ptr, src.ptr, src.nbytes, memory.D2D, stream)
 
+    # -- state files (engine/state.py) -------------------------------------------------------------------------
+
+    def state_arrays(self, n: int) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], bool]]:
+        """(name, shape, device runs (address, bytes) in C order, positional) of a state after n positions: the
+        K/V rows of the attention layers, the conv state, and ssm in the file's order, staged in ssm_saved (see
+        `state_export_launches` / `state_import_launches`)."""
+        out = []
+        for name, cache in (("k", self.k_cache), ("v", self.v_cache)):
+            row_bytes = 4 * cache.shape[2] * cache.shape[3]
+            runs = [(cache.ptr + i * self.max_seq * row_bytes, n * row_bytes) for i in range(cache.shape[0])]
+            out.append((name, (cache.shape[0], n, *cache.shape[2:]), runs, True))
+        g = self.gdn
+        out.append(("conv", self.conv_state.shape, [(self.conv_state.ptr, self.conv_state.nbytes)], False))
+        ssm = (self.ssm_state.shape[0], g.n_v_heads, g.head_k_dim, g.head_v_dim)
+        out.append(("ssm", ssm, [(self.ssm_saved.ptr, self.ssm_saved.nbytes)], False))
+        return out
+
+    def _transposes(self, to_file: bool) -> list[Launch]:
+        """Every v head's state between ssm_state (Sᵀ, (Dv, Dk)) and the file order in ssm_saved (S, (Dk, Dv)). The
+        staging overwrites the snapshot copy, so an earlier snapshot can no longer be restored."""
+        g = self.gdn
+        Dk, Dv = g.head_k_dim, g.head_v_dim
+        self._saved += 1
+        src, dst = (self.ssm_state, self.ssm_saved) if to_file else (self.ssm_saved, self.ssm_state)
+        rows, cols, eye = (Dv, Dk, self.eye_k) if to_file else (Dk, Dv, self.eye_v)
+        out = []
+        for head in range(self.ssm_state.shape[0] * g.n_v_heads):
+            at = head * Dk * Dv
+            w = DeviceWeight(src.ptr + 4 * at, GGMLType.F32, rows, cols, 4 * cols, "ssm state")
+            out.append(kg.gemm(w, eye, cols, dst.view(at, (cols, rows))))
+        return out
+
+    def state_export_launches(self) -> list[Launch]:
+        """Before a state file reads `state_arrays`: ssm into the file's order."""
+        return self._transposes(to_file=True)
+
+    def state_import_launches(self) -> list[Launch]:
+        """After a state file's arrays were copied to `state_arrays`: ssm into the kernels' order."""
+        return self._transposes(to_file=False)
+
     # -- the forward pass ----------------------------------------------------------------------------------
 
     def forward(self, n: int) -> list[Launch]:
@@ -172,16 +242,6 @@ class CudaModel:
     def _freq_scale(self) -> float:
         s = self.cfg.rope_scaling
         return 1.0 / s.factor if s.kind == "linear" else 1.0
-
-    def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
-                norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
-        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM."""
-        if not use_matvec(n):
-            assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
-            return [kg.gemm(w, x, n, y, resid=resid)]
-        eps = self.cfg.norm_eps
-        return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
-                          resid=None if resid is None else _rows(resid, at, m)) for at, m in passes(n)]  # fmt: skip
 
     def _normed(self, norm_w: DeviceArray, n: int) -> tuple[DeviceArray, DeviceArray | None, list[Launch]]:
         """(source rows, norm for the matvecs to fuse, launches): x itself with norm_w on the matvec path, else
@@ -257,7 +317,8 @@ class CudaModel:
         gate, up = L["ffn_gate"], L["ffn_up"]
         small = use_matvec(n)
         src, norm, out = self._normed(norm_w, n)
-        if gate.ggml_type != up.ggml_type:  # mixed types cannot share one fused launch
+        adapted = self.lora.of(gate.name) or self.lora.of(up.name)
+        if gate.ggml_type != up.ggml_type or adapted:  # mixed types or LoRA updates cannot share one fused launch
             out += self._matmul(gate, src, n, self.hb, norm_w=norm)
             out += self._matmul(up, src, n, self.hb2, norm_w=norm)
             out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))

@@ -12,6 +12,7 @@ for n <= 48, rmsnorm_rows + GEMM above):
   head_matvec attn_v_b: att = attn_v_b[h] . o_lat (n, H * v);  x += attn_output . att
   FFN (ffn_norm): dense SwiGLU below leading_dense_block_count, MoEFFN above.
 The cache holds R + rope floats per position and layer, written at device positions: decode is one CUDA graph.
+LoRA updates (engine/cuda/lora.py) ride beside the 2-D projections and the dense FFN, as in dense_cuda.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from engine.cuda import k_mla as kmla
 from engine.cuda import k_norm_rope as knr
 from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
 from engine.cuda.driver import Launch
+from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
 from engine.errors import UnsupportedArchitecture
@@ -61,6 +63,11 @@ class CudaModel:
     head_gather = dense_cuda.CudaModel.head_gather
     # State files (engine/state.py): the NumPy backend's LatentCache rows, so states move between the backends.
     STATE_LAYOUT = "latent-f32/1"
+    # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one: not the
+    # per-head attn_k_b / attn_v_b (not adaptable: engine/lora.py), nor the MoE FFN's router and experts.
+    _matmul = dense_cuda.CudaModel._matmul
+    LORA_TARGETS = frozenset({"attn_q", "attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_output", "ffn_gate", "ffn_up",
+                              "ffn_down"})  # fmt: skip
 
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
         m = cfg.mla
@@ -81,6 +88,7 @@ class CudaModel:
         self.output_norm = top["output_norm"]  # (dim,) f32
         self.freq_scale, self.yarn = knr.rope_scaling(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling)
         self.kq_scale = kq_scale(cfg)
+        self.lora = NO_LORA  # engine/cuda/lora.attach replaces it before the first launch list is built
         moe = cfg.moe
         self.moe = [MoEFFN(cfg, L, max_batch) if moe is not None and i >= moe.n_dense_leading else None
                     for i, L in enumerate(self.layers)]  # fmt: skip
@@ -150,16 +158,6 @@ class CudaModel:
             out += self._ffn(L, n) if self.moe[i] is None else self.moe[i].launches(self.x, n, L["ffn_norm"])
         return out
 
-    def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
-                norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
-        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM."""
-        if not use_matvec(n):
-            assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
-            return [kg.gemm(w, x, n, y, resid=resid)]
-        eps = self.cfg.norm_eps
-        return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
-                          resid=None if resid is None else _rows(resid, at, m)) for at, m in passes(n)]  # fmt: skip
-
     def _normed(self, norm_w: DeviceArray, n: int) -> tuple[DeviceArray, DeviceArray | None, list[Launch]]:
         """(source rows, norm for the matvecs, launches): x with the norm fused for matvecs, else xb normed here."""
         if use_matvec(n):
@@ -199,7 +197,8 @@ class CudaModel:
         """x[:n] += the dense SwiGLU FFN of RMSNorm(x[:n]) * ffn_norm."""
         gate, up = L["ffn_gate"], L["ffn_up"]
         src, norm, out = self._normed(L["ffn_norm"], n)
-        if gate.ggml_type != up.ggml_type:  # mixed types cannot share one fused launch
+        adapted = self.lora.of(gate.name) or self.lora.of(up.name)
+        if gate.ggml_type != up.ggml_type or adapted:  # mixed types or LoRA updates cannot share one fused launch
             out += self._matmul(gate, src, n, self.hb, norm_w=norm)
             out += self._matmul(up, src, n, self.hb2, norm_w=norm)
             out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
