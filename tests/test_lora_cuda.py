@@ -1,18 +1,21 @@
 """LoRA on the CUDA backend against the NumPy backend on the same base and adapter: batched (GEMM), 8-token matvec
 passes and single-token decode rows, F32 and quantized bases, F32/F16 adapters of ranks that are and are not
-multiples of 32, several adapters at once, and llama.cpp's logits on the F32 fixture. The refusal of updates the
-CUDA model does not apply needs no GPU."""
+multiples of 32, several adapters at once, the dense, hybrid (Gated DeltaNet projections, gated attention, fused
+qwen3next inputs) and MLA families, and llama.cpp's logits on the F32 fixtures. The refusal of updates the CUDA
+models do not apply (the MoE FFN's router and experts, the LM head) needs no GPU."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from engine.config import ModelConfig
 from engine.engine import Engine
-from engine.errors import UnsupportedArchitecture
+from engine.errors import InvalidInput, UnsupportedArchitecture
 from engine.gguf import read
+from engine.lora import open_adapters
 from tests import conformance as C
-from tests import lora_util
+from tests import lora_util, synthetic
 from tests.test_lora_fixture import FIXTURES, load_fixture, make_adapters
 
 PROMPT_IDS = [998, 12, 400, 77, 531, 9, 250, 868, 33, 101, 640, 2, 45, 700, 18, 3, 500, 91, 222, 17] * 3
@@ -59,8 +62,85 @@ def test_cuda_lora_matches_the_cpu_backend(tmp_path, base_name, rank, dtype):
         assert cuda.generate("Once upon", max_tokens=1)["token_ids"] == [int(np.argmax(row))]
 
 
+# Every matrix of the hybrid and MLA families' CUDA models that takes an update (their LORA_TARGETS), more than the
+# llama.cpp fixtures adapt: the full-attention layers' q/k/v and ffn_up too.
+FAMILY_TARGETS = {
+    "qwen35": ["attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha",
+               "ssm_out", "ffn_gate", "ffn_up", "ffn_down"],
+    "deepseek2": ["attn_q", "attn_kv_a_mqa", "attn_output", "ffn_gate", "ffn_up", "ffn_down"],
+}  # fmt: skip
+
+
+def _max_err(cpu, cuda, ids: list[int], prefill: int) -> tuple[float, float]:
+    want, got = _rows(cpu, ids, prefill), _rows(cuda, ids, prefill)
+    return float(np.abs(got - want).max()), max(1.0, float(np.abs(want).max()))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fixture", sorted(f for f in FIXTURES if f.startswith("qwen3-")))
+@pytest.mark.parametrize("base_name", ["qwen35-tiny-f32", "qwen35-tiny-q8_0", "deepseek2-tiny-f32",
+                                       "deepseek2-tiny-q8_0"])  # fmt: skip
+def test_cuda_lora_of_the_hybrid_and_mla_families_matches_the_cpu_backend(tmp_path, base_name):
+    base = C.fixture_path(base_name, ".gguf")
+    gf = read(base)
+    arch = gf.architecture
+    seed = int(np.random.default_rng().integers(2**31))
+    adapters = []
+    for rank, dtype, scale in ((8, np.float32, 0.7), (40, np.float16, -0.5)):
+        pairs = lora_util.random_pairs(gf, FAMILY_TARGETS[arch], rank, seed + rank)
+        pairs = {k: (a.astype(dtype), b.astype(dtype)) for k, (a, b) in pairs.items()}
+        path = lora_util.write_adapter(tmp_path / f"a{rank}.gguf", arch, pairs, 2.0 * rank, dtype=dtype)
+        adapters.append((path, scale))
+    shorts = {t.short for a in open_adapters(adapters, gf) for t in a.tensors.values()}
+    assert shorts == set(FAMILY_TARGETS[arch])  # every listed matrix exists in the file and is adapted
+    cpu = Engine.load(base, backend="cpu", max_seq_len=128, lora=adapters)
+    cuda = Engine.load(base, backend="cuda", max_seq_len=128, lora=adapters)
+    plain = Engine.load(base, backend="cuda", max_seq_len=128)
+    assert cuda.backend == "cuda"
+    for prefill in (len(PROMPT_IDS), 7, 1):  # GEMM chunk, matvec passes, decode steps
+        err, scale = _max_err(cpu, cuda, PROMPT_IDS, prefill)
+        tol = 1e-4 if base_name.endswith("f32") or prefill <= 48 else 5e-3
+        assert err <= tol * scale, (base_name, prefill, err, seed)
+        assert _max_err(cpu, plain, PROMPT_IDS, prefill)[0] > 1e-2  # the adapters are applied
+    cands = [" Paris", " the city of lights"]
+    s_cpu, s_cuda = cpu.system1("The capital of France is", cands), cuda.system1("The capital of France is", cands)
+    for a, b in zip(s_cpu["candidates"], s_cuda["candidates"], strict=True):
+        assert abs(a["score"] - b["score"]) <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["qwen3next", "qwen3next-split", "qwen35moe"])
+def test_cuda_lora_of_synthetic_moe_hybrids_matches_the_cpu_backend(tmp_path, variant):
+    """The fused qwen3next inputs (ssm_in, ssm_ba) and the split ones, beside MoE FFN layers."""
+    from engine.cpu import lora as cpu_lora
+    from engine.cuda import driver, load_runner
+    from engine.cuda import lora as cuda_lora
+    from tests.test_cuda_hybrid_model import MIXER_INPUTS, MOE_KV, random_tensors
+
+    arch = variant.split("-")[0]
+    kv = dict(MOE_KV) | ({"rope.dimension_sections": [2, 2, 0, 0]} if arch == "qwen35moe" else {})
+    cfg = ModelConfig.from_gguf({"general.architecture": arch} | {f"{arch}.{k}": v for k, v in kv.items()})
+    path = synthetic.write(tmp_path / f"{variant}.gguf", arch, kv, random_tensors(cfg, MIXER_INPUTS[variant],
+                                                                                 synthetic.Weights(17)))  # fmt: skip
+    gf = read(path)
+    targets = [*MIXER_INPUTS[variant], "ssm_out", "attn_q", "attn_k", "attn_v", "attn_output"]
+    adapter = lora_util.write_adapter(tmp_path / "a.gguf", arch, lora_util.random_pairs(gf, targets, 8, 5, 0.2), 8.0)
+    adapters = open_adapters([(adapter, 0.8)], gf)
+    cpu = synthetic.runner(path, max_seq=128)
+    cpu_lora.attach(cpu.model, adapters)
+    cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
+    cuda_lora.check_supported(cfg, adapters)
+    gpu, _ = load_runner(cfg, gf, 128, driver.ContextStarter(0))
+    plain = synthetic.logits(gpu, list(range(3, 63)), 60)
+    cuda_lora.attach(gpu.model, adapters, gpu.stream)
+    ids = np.random.default_rng(11).integers(0, 64, size=60).tolist()
+    for prefill in (60, 9, 1):
+        want, got = synthetic.logits(cpu, ids, prefill), synthetic.logits(gpu, ids, prefill)
+        assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (variant, prefill)
+    assert np.abs(synthetic.logits(gpu, list(range(3, 63)), 60) - plain).max() > 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", sorted(f for f in FIXTURES if f.startswith(("qwen3-", "qwen35-", "deepseek2-"))))
 def test_cuda_lora_matches_llama_cpp(tmp_path, fixture):
     ref, npz, _ = load_fixture(fixture)
     engine = Engine.load(C.fixture_path(ref["base"], ".gguf"), backend="cuda", max_seq_len=128,
@@ -73,9 +153,7 @@ def test_cuda_lora_matches_llama_cpp(tmp_path, fixture):
 
 
 def test_updates_without_a_cuda_path_are_refused_before_the_upload(tmp_path):
-    from engine.config import ModelConfig
     from engine.cuda import lora as cuda_lora
-    from engine.lora import open_adapters
 
     moe = C.fixture_path("qwen3moe-tiny-f32", ".gguf")
     gf = read(moe)
@@ -85,8 +163,29 @@ def test_updates_without_a_cuda_path_are_refused_before_the_upload(tmp_path):
     with pytest.raises(UnsupportedArchitecture, match="no CUDA path") as info:
         cuda_lora.check_supported(cfg, open_adapters([(path, 1.0)], gf))
     assert info.value.kind == "unsupported_architecture"
-    hybrid = C.fixture_path("qwen35-tiny-f32", ".gguf")
-    gf = read(hybrid)
-    path = lora_util.write_adapter(tmp_path / "h.gguf", "qwen35", lora_util.random_pairs(gf, ["ssm_out"], 4, 3), 4.0)
-    with pytest.raises(UnsupportedArchitecture, match="no CUDA path"):
+    # MLA's routed experts and router, and its (untied) LM head
+    for short in ("ffn_down_exps", "ffn_gate_inp", "output"):
+        gf = read(C.fixture_path("deepseek2-tiny-f32", ".gguf"))
+        pairs = lora_util.random_pairs(gf, [short], 4, seed=3)
+        path = lora_util.write_adapter(tmp_path / f"{short}.gguf", gf.architecture, pairs, 4.0)
+        with pytest.raises(UnsupportedArchitecture, match=f"'{sorted(pairs)[0]}' has no CUDA path"):
+            cuda_lora.check_supported(ModelConfig.from_gguf(gf.metadata, gf.tensors), open_adapters([(path, 1.0)], gf))
+
+
+@pytest.mark.parametrize("arch, base", [("qwen35", "qwen35-tiny-f32"), ("deepseek2", "deepseek2-tiny-f32")])
+def test_the_hybrid_and_mla_cuda_models_accept_their_adapters(tmp_path, arch, base):
+    from engine.cuda import lora as cuda_lora
+
+    gf = read(C.fixture_path(base, ".gguf"))
+    for targets in (FAMILY_TARGETS[arch], lora_util.TARGETS[arch]):  # ours, and what the llama.cpp fixtures adapt
+        path = lora_util.write_adapter(tmp_path / "a.gguf", arch, lora_util.random_pairs(gf, targets, 4, 1), 4.0)
         cuda_lora.check_supported(ModelConfig.from_gguf(gf.metadata, gf.tensors), open_adapters([(path, 1.0)], gf))
+
+
+@pytest.mark.gpu
+def test_a_mismatched_adapter_is_refused_before_the_backend_is_built(tmp_path):
+    dense = read(C.fixture_path("qwen3-tiny-f32", ".gguf"))
+    path = lora_util.write_adapter(tmp_path / "q3.gguf", "qwen3", lora_util.random_pairs(dense, ["attn_q"], 4, 1), 4.0)
+    for base in ("qwen35-tiny-f32", "deepseek2-tiny-f32"):
+        with pytest.raises(InvalidInput, match="adapter for architecture 'qwen3'"):
+            Engine.load(C.fixture_path(base, ".gguf"), backend="cuda", lora=[(path, 1.0)])
