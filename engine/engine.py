@@ -13,13 +13,14 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from engine import errors, models, state, system1, timing
 from engine import lora as _lora
 from engine.config import ModelConfig
 from engine.errors import ContextOverflow, CudaError, GGUFError, InvalidInput, UnsupportedArchitecture, env_int
 from engine.generation import GenerateStream
+from engine.gguf import TensorInfo
 from engine.prepare import file_sha256, open_model
 from engine.sampling import SamplingParams
 from engine.text.tokenizer import Tokenizer
@@ -118,6 +119,20 @@ def _checked_layout(prefix: _Prefix, runner) -> _Prefix | None:
     return prefix
 
 
+def decode_bytes(config: ModelConfig, tensors: Mapping[str, TensorInfo]) -> int:
+    """Weight bytes one decode step reads: every tensor, but of an untied token_embd none (one row) and of each
+    routed-expert stack only the chosen experts' share (n_experts_used of n_experts)."""
+    total = 0
+    for name, t in tensors.items():
+        if name == "token_embd.weight" and not config.tied_output:
+            continue
+        if "_exps." in name and config.moe is not None:
+            total += t.n_bytes * config.moe.n_experts_used // config.moe.n_experts
+        else:
+            total += t.n_bytes
+    return total
+
+
 class Engine:
     def __init__(self, path: str, config: ModelConfig, tokenizer: Tokenizer, runner, model_info: dict,
                  cold_start: dict, sha256: str | None, adapters: list | None = None,
@@ -202,9 +217,7 @@ class Engine:
             info["lora"] = _lora.identity(adapters)
         log.info("loaded %s (%s) on %s in %.1f ms", path, config.arch, runner.backend, timing.ms_since(load_start))
         engine = cls(path, config, tokenizer, runner, info, cold_start, sha256, adapters, prefix)
-        # Weight bytes one decode step reads: every tensor, but of an untied token_embd only one row.
-        untied_embd = 0 if config.tied_output else gf.tensor("token_embd.weight").n_bytes
-        engine.bytes_per_token = sum(t.n_bytes for t in gf.tensors.values()) - untied_embd
+        engine.bytes_per_token = decode_bytes(config, gf.tensors)
         return engine
 
     # -- helpers --------------------------------------------------------------------------------------------

@@ -95,3 +95,16 @@ def test_bad_peer_argument_is_refused():
     p = subprocess.run([sys.executable, "-m", "engine", "bench", MODEL, "--peer", "vllm=/x"], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)  # fmt: skip
     assert p.returncode == 2 and json.loads(p.stdout)["error_kind"] == "invalid_input" and "BUILD_DIR" in p.stdout
+
+
+def test_decode_bytes_counts_the_chosen_experts_only():
+    from engine.config import ModelConfig
+    from engine.engine import decode_bytes
+    from engine.gguf import read
+
+    gf = read(os.path.join(ROOT, "tests", "fixtures", "qwen3moe-tiny-f32.gguf"))
+    cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
+    experts = sum(t.n_bytes for n, t in gf.tensors.items() if "_exps." in n)
+    rest = sum(t.n_bytes for n, t in gf.tensors.items() if "_exps." not in n)
+    assert (cfg.moe.n_experts_used, cfg.moe.n_experts, cfg.tied_output) == (2, 8, True)
+    assert decode_bytes(cfg, gf.tensors) == rest + experts // 4

@@ -55,7 +55,7 @@ def draw(report: dict, path: str) -> None:
     left.invert_yaxis()
     left.set_xlabel("ms from process spawn (p50 of fresh processes)")
     left.set_title("cold first result")
-    left.legend(fontsize=8, loc="lower right")
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
 
     warm = report["warm"]
     for ax, (title, ours_key, test) in zip(right, (("decode", "decode", "tg128"), ("prefill", "prefill_512", "pp512")),
