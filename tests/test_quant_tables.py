@@ -1,5 +1,5 @@
-"""The generated codebooks (engine/cpu/iq_tables.py) against gguf-py's, and when the engine loads them: only for a
-tensor of a codebook type, and never gguf-py itself."""
+"""The generated codebooks (engine/cpu/iq_tables.py, kernels/iq_tables.cuh) against gguf-py's, and when the engine
+loads them: only for a tensor of a codebook type, and never gguf-py itself."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from engine.cpu import iq_tables
-from scripts.make_iq_tables import gguf_tables
+from scripts.make_iq_tables import TARGET_CUH, gguf_tables, render_cuh
 
 
 def test_tables_equal_gguf_py():
@@ -21,6 +21,11 @@ def test_tables_equal_gguf_py():
         ours = getattr(iq_tables, name)
         assert ours.shape == values.shape, name
         assert np.array_equal(ours, values), name
+
+
+def test_cuda_tables_are_the_generated_ones():
+    """kernels/iq_tables.cuh is exactly what scripts/make_iq_tables.py writes from gguf-py's tables today."""
+    assert TARGET_CUH.read_text() == render_cuh(gguf_tables()), "run scripts/make_iq_tables.py"
 
 
 def test_sign_multipliers_follow_ksigns():
