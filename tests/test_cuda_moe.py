@@ -121,6 +121,11 @@ def test_route(route: str, n: int, ties: bool, seed: int) -> None:
     # probabilities on both sides, and the lower expert must win).
     logits = (rng.integers(0, 4, (n, n_experts)) * 0.5 if ties else rng.normal(size=(n, n_experts))).astype(np.float32)
     bias = (0.05 * rng.normal(size=n_experts)).astype(np.float32) if moe.gating == "sigmoid" and not ties else None
+    for _ in range(100 if not ties else 0):  # redraw the random tokens whose choice hangs on a near tie
+        close = near_ties(logits, moe, bias)
+        if not close.any():
+            break
+        logits[close] = rng.normal(size=(int(close.sum()), n_experts)).astype(np.float32)
     dim = 256
     xn = rng.normal(size=(n, dim)).astype(np.float32)
     gate = (0.1 * rng.normal(size=dim)).astype(np.float32)
