@@ -11,6 +11,10 @@
 //   when Wu is null (gate and up of different types: two launches and a SwiGLU).
 // down: block (row block, token t) sums the token's k slots in slot order, weighted, plus the optional shared
 //   expert (times its gate), into the residual: x[t] += sum_j w_j * (W_{e_j} . h[t*k + j]) + g_t * shared[t].
+//   A row's (slot, group) pairs are split over DOWN_WPR warps in contiguous quarters (each lane-strided), and the
+//   quarters' sums are added in order: an output row has only K / 8 groups a slot, so one warp a row would leave an
+//   SM with too few loads in flight (R / 8 blocks of 8 warps: 256 blocks for R = 2048 on 132 SMs).
+// Both loops unroll by 2: gate_up's 4 kept 128 registers a thread (2 blocks an SM on sm_90), 2 keeps 80.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -21,7 +25,8 @@
 
 namespace moe {
 
-constexpr int MV_THREADS = 256, MV_ROWS = 8;  // one output row per warp
+constexpr int MV_THREADS = 256, MV_ROWS = 8;  // gate_up: one output row per warp
+constexpr int DOWN_WPR = 4, DOWN_ROWS = MV_THREADS / 32 / DOWN_WPR;  // down: 4 warps a row, 2 rows a block
 
 template <int T>
 __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
@@ -36,7 +41,7 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
     const float* xt = x + (long long)(p / k) * K;
     float a = 0.f, b = 0.f;
     if (Wu) {
-#pragma unroll 4
+#pragma unroll 2
         for (int q = lane; q < (K >> 3); q += 32) {
             float xv[8], wg[8], wu[8];
             cm::load8f(xt + 8 * q, xv);
@@ -46,7 +51,7 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
             for (int i = 0; i < 8; ++i) a = fmaf(wg[i], xv[i], a), b = fmaf(wu[i], xv[i], b);
         }
     } else {
-#pragma unroll 4
+#pragma unroll 2
         for (int q = lane; q < (K >> 3); q += 32) {
             float xv[8], wg[8];
             cm::load8f(xt + 8 * q, xv);
@@ -65,23 +70,24 @@ __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long ro
                                      int K, const float* __restrict__ h, const int* __restrict__ ids,
                                      const float* __restrict__ w, int k, const float* __restrict__ shared,
                                      const float* __restrict__ sgate, float* x) {
-    __shared__ long long eoff[MAX_K];  // byte offset of each slot's expert in the stack
-    __shared__ float wt[MAX_K];        // each slot's weight
-    const int t = blockIdx.y, lane = threadIdx.x & 31, r = blockIdx.x * MV_ROWS + (threadIdx.x >> 5);
+    __shared__ long long eoff[MAX_K];         // byte offset of each slot's expert in the stack
+    __shared__ float wt[MAX_K];               // each slot's weight
+    __shared__ float part[MV_THREADS / 32];   // each warp's share of its row
+    const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * DOWN_ROWS + warp / DOWN_WPR, quarter = warp % DOWN_WPR;
     if (threadIdx.x < k) {
         eoff[threadIdx.x] = ids[(long long)t * k + threadIdx.x] * expert_bytes;
         wt[threadIdx.x] = w[(long long)t * k + threadIdx.x];
     }
     __syncthreads();
-    if (r >= R) return;
-    // Lane steps run over (slot, group) pairs, slot-major: one long loop keeps several loads in flight even when a
-    // slot has only a few groups per lane.
-    const int G = K >> 3, total = k * G;
-    const uint8_t* Wr = W + r * row_bytes;
+    // Lane steps run over the quarter's (slot, group) pairs, slot-major: one long loop keeps several loads in flight
+    // even when a slot has only a few groups per lane.
+    const int G = K >> 3, total = k * G, lo = quarter * total / DOWN_WPR, hi = (quarter + 1) * total / DOWN_WPR;
+    const uint8_t* Wr = W + min(r, R - 1) * row_bytes;  // rows past R (last block) compute row R - 1, never written
     const float* ht = h + (long long)t * k * K;
     float acc = 0.f;
-#pragma unroll 4
-    for (int i = lane; i < total; i += 32) {
+#pragma unroll 2
+    for (int i = lo + lane; i < hi; i += 32) {
         const int j = i / G, q = i - j * G;
         float wv[8], hv[8];
         q::Quant<T>::load8(Wr + eoff[j], q, wv);
@@ -92,10 +98,16 @@ __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long ro
         acc = fmaf(wt[j], d, acc);
     }
     acc = cm::warp_sum(acc);
-    if (lane == 0) {
-        const long long o = (long long)t * R + r;
-        if (shared) acc += (sgate ? sgate[t] : 1.f) * shared[o];
-        x[o] += acc;
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    const int row = blockIdx.x * DOWN_ROWS + threadIdx.x;
+    if (threadIdx.x < DOWN_ROWS && row < R) {
+        float s = part[threadIdx.x * DOWN_WPR];
+#pragma unroll
+        for (int p = 1; p < DOWN_WPR; ++p) s += part[threadIdx.x * DOWN_WPR + p];
+        const long long o = (long long)t * R + row;
+        if (shared) s += (sgate ? sgate[t] : 1.f) * shared[o];
+        x[o] += s;
     }
 }
 

@@ -20,6 +20,7 @@ MAX_EXPERTS = 1024  # kernels/moe_route.cuh: shared-memory tables per expert
 MAX_K = 32  # experts used per token
 MAX_GROUPS = 64
 ROUTE_THREADS, GROUP_THREADS, MV_THREADS, MV_ROWS = 256, 1024, 256, 8
+DOWN_ROWS = 2  # moe_down: 4 warps a row (kernels/moe_expert.cuh)
 TILE = 64  # rows (and weight rows) of a grouped-GEMM tile: gemm_tile.cuh's BM and BN
 GEMM_THREADS = 128
 MAX_GRID_Y = 65535
@@ -168,7 +169,7 @@ def down(
     fn = driver.module("moe").fn(f"moe_down_{w.tag}")
     args = [ptr(w.ptr), i64(w.row_bytes), i64(stride), i32(w.rows), i32(w.cols), ptr(h), ptr(ids), ptr(wts), i32(k),
             ptr(shared), ptr(sgate), ptr(x)]  # fmt: skip
-    return Launch(fn, ((w.rows + MV_ROWS - 1) // MV_ROWS, n), (MV_THREADS,), args)
+    return Launch(fn, ((w.rows + DOWN_ROWS - 1) // DOWN_ROWS, n), (MV_THREADS,), args)
 
 
 def _gemm_checks(w: DeviceWeight, a: DeviceArray, tiles: DeviceArray, n_items: int, n_experts: int,
