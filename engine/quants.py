@@ -94,26 +94,47 @@ KERNEL_TAGS: dict[GGMLType, str] = {
     GGMLType.Q4_K: "q4_k",
     GGMLType.Q5_K: "q5_k",
     GGMLType.Q6_K: "q6_k",
+    GGMLType.Q2_K: "q2_k",
+    GGMLType.Q3_K: "q3_k",
+    GGMLType.TQ1_0: "tq1_0",
+    GGMLType.TQ2_0: "tq2_0",
+    GGMLType.IQ1_S: "iq1_s",
+    GGMLType.IQ1_M: "iq1_m",
+    GGMLType.IQ2_XXS: "iq2_xxs",
+    GGMLType.IQ2_XS: "iq2_xs",
+    GGMLType.IQ2_S: "iq2_s",
+    GGMLType.IQ3_XXS: "iq3_xxs",
+    GGMLType.IQ3_S: "iq3_s",
+    GGMLType.IQ4_NL: "iq4_nl",
+    GGMLType.IQ4_XS: "iq4_xs",
+    GGMLType.MXFP4: "mxfp4",
 }
+# The low-bit and codebook types among them (kernels/quant.cuh Q_FOR_EACH_LOWBIT_TYPE): matvec.cu builds only its 1-
+# and 8-token kernels for these (engine/cuda/k_matvec.py), which keeps their share of the kernel build in bounds.
+LOWBIT_TYPES = frozenset(
+    {
+        GGMLType.Q2_K,
+        GGMLType.Q3_K,
+        GGMLType.TQ1_0,
+        GGMLType.TQ2_0,
+        GGMLType.IQ1_S,
+        GGMLType.IQ1_M,
+        GGMLType.IQ2_XXS,
+        GGMLType.IQ2_XS,
+        GGMLType.IQ2_S,
+        GGMLType.IQ3_XXS,
+        GGMLType.IQ3_S,
+        GGMLType.IQ4_NL,
+        GGMLType.IQ4_XS,
+        GGMLType.MXFP4,
+    }
+)
+assert KERNEL_TAGS.keys() >= LOWBIT_TYPES
 # The types some backend computes with: the CUDA ones and every type the NumPy backend dequantizes
-# (engine/cpu/dequant.py). Any other type is an `unsupported_architecture` error at load, on both backends.
-SUPPORTED_TYPES = frozenset(KERNEL_TAGS) | {
-    GGMLType.Q2_K,
-    GGMLType.Q3_K,
-    GGMLType.Q8_K,
-    GGMLType.IQ1_S,
-    GGMLType.IQ1_M,
-    GGMLType.IQ2_XXS,
-    GGMLType.IQ2_XS,
-    GGMLType.IQ2_S,
-    GGMLType.IQ3_XXS,
-    GGMLType.IQ3_S,
-    GGMLType.IQ4_NL,
-    GGMLType.IQ4_XS,
-    GGMLType.TQ1_0,
-    GGMLType.TQ2_0,
-    GGMLType.MXFP4,
-}
+# (engine/cpu/dequant.py). Any other type is an `unsupported_architecture` error at load, on both backends. Q8_K is
+# the NumPy backend's alone: llama.cpp uses it for activations inside its K-quant dot products and writes no weights
+# in it, so the kernels are not built for it (a file holding one runs on the CPU backend).
+SUPPORTED_TYPES = frozenset(KERNEL_TAGS) | {GGMLType.Q8_K}
 
 
 def type_name(type_id: int) -> str:

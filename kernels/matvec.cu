@@ -200,24 +200,38 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 
 }  // namespace
 
-#define MATVEC_N(tag, T, N)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                                           \
+// The low-bit and codebook types' 1-token matvecs and gathered dots ask for 3 blocks an SM (at most 85 registers;
+// IQ3_XXS's swiglu spilled 8 bytes at 80 on sm_75/80 and asks for 2, at most 128): under the plain bound ptxas
+// (nvcc 13.0) settled on 40 or 64 registers for some of them (iq3_s on sm_86/89, iq2_xxs and iq2_s on sm_120) and
+// spilled 8-56 bytes; bounded, they spill nothing. Their 8-token kernels need ~250 registers and keep the plain bound,
+// as every kernel of the other types does.
+#define MV_BOUNDS __launch_bounds__(THREADS)
+#define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS ? 2 : 3)
+
+#define MATVEC_N(tag, T, N, BOUNDS)                                                                                 \
+    extern "C" __global__ void BOUNDS                                                                               \
         matvec_##tag##_n##N(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,             \
                             const float* norm_w, float eps, const float* resid, float* y) {                          \
         matvec_block<T, N, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y);                                  \
     }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                                           \
+    extern "C" __global__ void BOUNDS                                                                               \
         matvec_swiglu_##tag##_n##N(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,        \
                                    const float* x, int n, const float* norm_w, float eps, float* y) {               \
         matvec_block<T, N, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y);                              \
     }
 
-#define MATVEC_KERNELS(tag, T)                                                                                      \
-    MATVEC_N(tag, T, 1) MATVEC_N(tag, T, 2) MATVEC_N(tag, T, 4) MATVEC_N(tag, T, 8)                                 \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                                           \
+#define GATHER_DOT(tag, T, BOUNDS)                                                                                  \
+    extern "C" __global__ void BOUNDS                                                                               \
         gather_dot_##tag(const uint8_t* W, long long row_bytes, int K, const float* x, long long x_stride,          \
                          const int* rows, int n, float* out) {                                                      \
         gather_dot_warp<T>(W, row_bytes, K, x, x_stride, rows, n, out);                                             \
     }
+#define MATVEC_KERNELS(tag, T)                                                                                      \
+    MATVEC_N(tag, T, 1, MV_BOUNDS) MATVEC_N(tag, T, 2, MV_BOUNDS) MATVEC_N(tag, T, 4, MV_BOUNDS)                    \
+    MATVEC_N(tag, T, 8, MV_BOUNDS) GATHER_DOT(tag, T, MV_BOUNDS)
+// The low-bit and codebook types: N = 1 and 8 only (2..7 tokens take the 8-token kernel, k_matvec.py).
+#define MATVEC_KERNELS_1_8(tag, T) \
+    MATVEC_N(tag, T, 1, MV_BOUNDS_LOWBIT(T)) MATVEC_N(tag, T, 8, MV_BOUNDS) GATHER_DOT(tag, T, MV_BOUNDS_LOWBIT(T))
 
-Q_FOR_EACH_TYPE(MATVEC_KERNELS)
+Q_FOR_EACH_COMMON_TYPE(MATVEC_KERNELS)
+Q_FOR_EACH_LOWBIT_TYPE(MATVEC_KERNELS_1_8)

@@ -36,7 +36,12 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
 #define MOE_GATE_UP_BOUNDS __launch_bounds__(moe::MV_THREADS)
 #endif
 
-#define MOE_KERNELS(tag, T)                                                                                           \
+// The low-bit and codebook types' moe_down asks for 3 blocks an SM: under the plain bound ptxas (nvcc 13.0) gave
+// moe_down_iq2_s 40 registers on sm_90 and moe_down_iq1_m 40 on sm_100, and both spilled; bounded, they spill nothing.
+#define MOE_DOWN_BOUNDS __launch_bounds__(moe::MV_THREADS)
+#define MOE_DOWN_BOUNDS_3 __launch_bounds__(moe::MV_THREADS, 3)
+
+#define MOE_KERNELS(tag, T, DOWN_BOUNDS)                                                                              \
     /* y[p, r] = silu(Wg_e[r] . x[p / k]) * (Wu_e[r] . x[p / k]) (Wu null: Wg_e[r] . x[p / k]), e = ids[p] */         \
     extern "C" __global__ void MOE_GATE_UP_BOUNDS                                                                     \
         moe_gate_up_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R,   \
@@ -44,7 +49,7 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
         moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y);                                         \
     }                                                                                                                 \
     /* x[t, r] += sum_j w[t, j] * (W_{ids[t, j]}[r] . h[t * k + j]) (+ g_t * shared[t, r]) */                         \
-    extern "C" __global__ void __launch_bounds__(moe::MV_THREADS)                                                     \
+    extern "C" __global__ void DOWN_BOUNDS                                                                            \
         moe_down_##tag(const uint8_t* W, long long row_bytes, long long expert_bytes, int R, int K, const float* h,   \
                        const int* ids, const float* w, int k, const float* shared, const float* sgate, float* x) {    \
         moe::down<T>(W, row_bytes, expert_bytes, R, K, h, ids, w, k, shared, sgate, x);                               \
@@ -65,7 +70,10 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
         grouped_tile<T, 2>(w, row_bytes, expert_bytes, R, K, A, tiles, C);                                            \
     }
 
-Q_FOR_EACH_TYPE(MOE_KERNELS)
+#define MOE_COMMON_KERNELS(tag, T) MOE_KERNELS(tag, T, MOE_DOWN_BOUNDS)
+#define MOE_LOWBIT_KERNELS(tag, T) MOE_KERNELS(tag, T, MOE_DOWN_BOUNDS_3)
+Q_FOR_EACH_COMMON_TYPE(MOE_COMMON_KERNELS)
+Q_FOR_EACH_LOWBIT_TYPE(MOE_LOWBIT_KERNELS)
 
 // Block 256, grid.x = n (one token a block).
 extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)

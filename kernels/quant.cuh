@@ -3,25 +3,17 @@
 // A weight row of K values is K/QK blocks of BYTES bytes, exactly as stored in the GGUF file (the engine uploads the
 // file's tensor data section unchanged). `Quant<T>::load8(row, g, out)` writes values [8g, 8g+8) of the row to
 // out[0..7] as float32, bit-identical to gguf-py's dequantize (every product here is exact in float32: an f16 scale
-// has 11 significant bits, a sub-scale times a quant at most 12 more). Loads are no wider than each block's
-// alignment within a row allows (Q8_0, Q4_0, Q5_0 and Q6_K blocks are only 2-byte aligned).
+// has 11 significant bits, a sub-scale times a quant or grid value at most 12 more; engine/cpu/dequant.py has the
+// argument). Loads are no wider than each block's alignment within a row allows (Q8_0, Q4_0, Q5_0, Q6_K, Q3_K, the
+// IQ2/IQ3 types, IQ1_S, IQ4_NL, TQ1_0 and TQ2_0 blocks are only 2-byte aligned, MXFP4's 17-byte ones not at all).
+// This file: the float types, the 32-value legacy types and Q4_K..Q6_K; quant_lowbit.cuh: Q2_K, Q3_K, TQ1_0, TQ2_0;
+// quant_iq.cuh: the codebook types (i-quants, MXFP4).
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
+#include "quant_common.cuh"
+#include "quant_iq.cuh"
+#include "quant_lowbit.cuh"
 
 namespace q {
-
-enum : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-             BF16 = 30 };
-
-__device__ __forceinline__ float h2f(const uint8_t* p) {  // little-endian f16 at a 2-byte aligned address
-    return __half2float(*reinterpret_cast<const __half*>(p));
-}
-__device__ __forceinline__ uint16_t u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-__device__ __forceinline__ uint32_t u16x2(const uint8_t* p) {  // 4 bytes from a 2-byte aligned address
-    return uint32_t(u16(p)) | (uint32_t(u16(p + 2)) << 16);
-}
 
 // 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of a Q4_K / Q5_K block.
 // Written without a branch so the scale math never waits on a divergent path between a load and its use.
@@ -31,8 +23,6 @@ __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, float& sc,
     sc = float(lo ? (x & 63) : ((y & 0xF) | ((z >> 6) << 4)));
     m = float(lo ? (y & 63) : ((y >> 4) | ((x >> 6) << 4)));
 }
-
-template <int T> struct Quant;
 
 // F32: plain floats. A "block" of 32 values is only a unit of iteration.
 template <> struct Quant<F32> {
@@ -227,7 +217,14 @@ template <> struct Quant<Q6_K> {
 
 }  // namespace q
 
-// Instantiate a kernel template for every supported weight type: X(tag, type_id) for each.
-#define Q_FOR_EACH_TYPE(X) \
+// Instantiate a kernel template for every supported weight type: X(tag, type_id) for each. The low-bit and codebook
+// types are also listed on their own, for a kernel family that builds fewer variants of them (matvec.cu: only the 1-
+// and 8-token matvecs, which halves their share of the build; engine/quants.py LOWBIT_TYPES).
+#define Q_FOR_EACH_COMMON_TYPE(X) \
     X(f32, q::F32) X(f16, q::F16) X(bf16, q::BF16) X(q8_0, q::Q8_0) X(q4_0, q::Q4_0) X(q4_1, q::Q4_1) \
     X(q5_0, q::Q5_0) X(q5_1, q::Q5_1) X(q4_k, q::Q4_K) X(q5_k, q::Q5_K) X(q6_k, q::Q6_K)
+#define Q_FOR_EACH_LOWBIT_TYPE(X) \
+    X(q2_k, q::Q2_K) X(q3_k, q::Q3_K) X(tq1_0, q::TQ1_0) X(tq2_0, q::TQ2_0) X(iq1_s, q::IQ1_S) X(iq1_m, q::IQ1_M) \
+    X(iq2_xxs, q::IQ2_XXS) X(iq2_xs, q::IQ2_XS) X(iq2_s, q::IQ2_S) X(iq3_xxs, q::IQ3_XXS) X(iq3_s, q::IQ3_S) \
+    X(iq4_nl, q::IQ4_NL) X(iq4_xs, q::IQ4_XS) X(mxfp4, q::MXFP4)
+#define Q_FOR_EACH_TYPE(X) Q_FOR_EACH_COMMON_TYPE(X) Q_FOR_EACH_LOWBIT_TYPE(X)

@@ -81,7 +81,7 @@ def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) 
     resid = rng.normal(size=(n, rows)).astype(np.float32)
     eps = 1e-6
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
-    big_n = k_matvec._bucket(n)
+    big_n = k_matvec._bucket(n, ggml_type)
     for norm in (False, True):
         xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
         ref = xn @ w.dense.T  # (n, rows)

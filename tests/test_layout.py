@@ -8,7 +8,7 @@ import pathlib
 import re
 
 from engine import archs
-from engine.quants import KERNEL_TAGS, SUPPORTED_TYPES
+from engine.quants import KERNEL_TAGS, LOWBIT_TYPES, SUPPORTED_TYPES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -30,9 +30,14 @@ def test_one_wrapper_module_per_kernel_file():
 
 def test_kernel_type_tags_match_quant_cuh():
     text = (ROOT / "kernels" / "quant.cuh").read_text()
-    body = re.search(r"#define Q_FOR_EACH_TYPE\(X\)((?:.*\\\n)*.*\n)", text).group(1)
-    tags = re.findall(r"X\((\w+), q::\w+\)", body)
-    assert sorted(tags) == sorted(KERNEL_TAGS.values())
+
+    def tags(macro: str) -> list[str]:
+        body = re.search(rf"#define {macro}\(X\)((?:.*\\\n)*.*\n)", text).group(1)
+        return re.findall(r"X\((\w+), q::\w+\)", body)
+
+    assert re.search(r"#define Q_FOR_EACH_TYPE\(X\) Q_FOR_EACH_COMMON_TYPE\(X\) Q_FOR_EACH_LOWBIT_TYPE\(X\)\n", text)
+    assert sorted(tags("Q_FOR_EACH_COMMON_TYPE") + tags("Q_FOR_EACH_LOWBIT_TYPE")) == sorted(KERNEL_TAGS.values())
+    assert sorted(tags("Q_FOR_EACH_LOWBIT_TYPE")) == sorted(KERNEL_TAGS[t] for t in LOWBIT_TYPES)
     assert frozenset(KERNEL_TAGS) <= SUPPORTED_TYPES  # the NumPy backend decodes more types than the kernels
 
 

@@ -12,14 +12,16 @@ from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
+from engine.quants import LOWBIT_TYPES
 
 ROWS_PER_BLOCK = 8  # matvec: 8 warps, 8 output rows per block; gather_dot: one output per warp
 THREADS = 256
 TOKEN_BUCKETS = (1, 2, 4, 8)  # matvec_*_n{N} variants; a launch of n tokens uses the smallest N >= n
+LOWBIT_BUCKETS = (1, 8)  # the variants built for quants.LOWBIT_TYPES (kernels/matvec.cu)
 
 
-def _bucket(n: int) -> int:
-    for b in TOKEN_BUCKETS:
+def _bucket(n: int, ggml_type: int) -> int:
+    for b in LOWBIT_BUCKETS if ggml_type in LOWBIT_TYPES else TOKEN_BUCKETS:
         if 1 <= n <= b:
             return b
     raise CudaError(f"matvec takes 1 to {TOKEN_BUCKETS[-1]} tokens, got {n}")
@@ -39,7 +41,7 @@ def matvec(
     eps: float = 0.0,
     resid: DeviceArray | None = None,  # (n, R) f4, may be y itself
 ) -> Launch:
-    big_n = _bucket(n)
+    big_n = _bucket(n, w.ggml_type)
     need_aligned_weight(w)
     need(x, "x", "f4", n * w.cols, aligned=True)
     need(y, "y", "f4", n * w.rows)
@@ -66,7 +68,7 @@ def matvec_swiglu(
     if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
         raise CudaError(f"swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
                         f"{wu.rows}x{wu.cols}")  # fmt: skip
-    big_n = _bucket(n)
+    big_n = _bucket(n, wg.ggml_type)
     need_aligned_weight(wg)
     need_aligned_weight(wu)
     need(x, "x", "f4", n * wg.cols, aligned=True)
