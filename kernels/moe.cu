@@ -36,14 +36,17 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
 #define MOE_GATE_UP_BOUNDS __launch_bounds__(moe::MV_THREADS)
 #endif
 
-// The low-bit and codebook types' moe_down asks for 3 blocks an SM: under the plain bound ptxas (nvcc 13.0) gave
-// moe_down_iq2_s 40 registers on sm_90 and moe_down_iq1_m 40 on sm_100, and both spilled; bounded, they spill nothing.
+// The low-bit and codebook types' decode kernels ask for a minimum of blocks an SM on every arch, gate_up 2 (at most
+// 128 registers: Q3_K's takes ~100) and down 3: under the plain bound ptxas (nvcc 13.0) gave moe_gate_up_iq3_s 64
+// registers on sm_120 and spilled 24 bytes (and moe_down_iq2_s, before moe_down took 4 warps a row, 40 on sm_90);
+// bounded, none spills.
 #define MOE_DOWN_BOUNDS __launch_bounds__(moe::MV_THREADS)
-#define MOE_DOWN_BOUNDS_3 __launch_bounds__(moe::MV_THREADS, 3)
+#define MOE_LOWBIT_GATE_UP_BOUNDS __launch_bounds__(moe::MV_THREADS, 2)
+#define MOE_LOWBIT_DOWN_BOUNDS __launch_bounds__(moe::MV_THREADS, 3)
 
-#define MOE_KERNELS(tag, T, DOWN_BOUNDS)                                                                              \
+#define MOE_KERNELS(tag, T, GATE_UP_BOUNDS, DOWN_BOUNDS)                                                              \
     /* y[p, r] = silu(Wg_e[r] . x[p / k]) * (Wu_e[r] . x[p / k]) (Wu null: Wg_e[r] . x[p / k]), e = ids[p] */         \
-    extern "C" __global__ void MOE_GATE_UP_BOUNDS                                                                     \
+    extern "C" __global__ void GATE_UP_BOUNDS                                                                         \
         moe_gate_up_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R,   \
                           int K, const float* x, const int* ids, int k, float* y) {                                   \
         moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y);                                         \
@@ -70,8 +73,8 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
         grouped_tile<T, 2>(w, row_bytes, expert_bytes, R, K, A, tiles, C);                                            \
     }
 
-#define MOE_COMMON_KERNELS(tag, T) MOE_KERNELS(tag, T, MOE_DOWN_BOUNDS)
-#define MOE_LOWBIT_KERNELS(tag, T) MOE_KERNELS(tag, T, MOE_DOWN_BOUNDS_3)
+#define MOE_COMMON_KERNELS(tag, T) MOE_KERNELS(tag, T, MOE_GATE_UP_BOUNDS, MOE_DOWN_BOUNDS)
+#define MOE_LOWBIT_KERNELS(tag, T) MOE_KERNELS(tag, T, MOE_LOWBIT_GATE_UP_BOUNDS, MOE_LOWBIT_DOWN_BOUNDS)
 Q_FOR_EACH_COMMON_TYPE(MOE_COMMON_KERNELS)
 Q_FOR_EACH_LOWBIT_TYPE(MOE_LOWBIT_KERNELS)
 
