@@ -78,12 +78,12 @@ __device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int g
 template <int T, int N, int NM, int S>
 __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                              long long row_bytes, int R, int K, const float* __restrict__ x, int n,
-                                             const float* __restrict__ norm_w, float* red, float* red_ss) {
+                                             const float* __restrict__ norm_w, float* red, float* red_ss, int blk) {
     constexpr int TEAM = THREADS / NM, SPAN = TEAM / S, RPT = ROWS / S;  // threads per matrix, per slice; rows
     constexpr int V = RPT * N;  // sums per thread: acc[t * RPT + r] is token t, row r of the slice
     static_assert(SPAN % 32 == 0, "a slice is whole warps");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tt = tid % TEAM;
-    const int row0 = blockIdx.x * ROWS + (tt / SPAN) * RPT;  // this slice's first row
+    const int row0 = blk * ROWS + (tt / SPAN) * RPT;  // this slice's first row
     const uint8_t* W = (NM == 2 && tid >= TEAM) ? W1 : W0;
 
     int xo[N];  // offset of token t's x row, clamped to the last token (n*K < 2^31: n <= 8, K < 2^28)
@@ -121,14 +121,14 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
     __syncthreads();
 }
 
-// Thread i < 8 * N finishes output (token i / 8, row 8 * blockIdx.x + i % 8) from the warps' totals: the row's
+// Thread i < 8 * N finishes output (token i / 8, row 8 * blk + i % 8) from the warps' totals: the row's
 // slice is warps [m * WT + s * WS, +WS) of team m (WT warps a team, WS a slice); sums of squares come from the warps
 // of team 0, slice 0, which together covered every group of x once.
 template <int N, int NM, int S>
 __device__ __forceinline__ void finish(int R, int K, int n, const float* norm_w, float eps, const float* resid,
-                                       float* y, const float* red, const float* red_ss) {
+                                       float* y, const float* red, const float* red_ss, int blk) {
     constexpr int RPT = ROWS / S, V = RPT * N, WT = 8 / NM, WS = WT / S;
-    const int i = threadIdx.x, t = i / ROWS, r = i % ROWS, row = blockIdx.x * ROWS + r;
+    const int i = threadIdx.x, t = i / ROWS, r = i % ROWS, row = blk * ROWS + r;
     if (i >= ROWS * N || t >= n || row >= R) return;
     const int j = t * RPT + r % RPT, w0 = (r / RPT) * WS;  // the value's index in its warps, the slice's first warp
     float a = 0.f, b = 0.f, s = 1.f;
@@ -156,24 +156,47 @@ __device__ __forceinline__ void finish(int R, int K, int n, const float* norm_w,
 template <int T, int N, int NM, int S>
 __device__ __forceinline__ void matvec_sliced(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                               const float* x, int n, const float* norm_w, float eps,
-                                              const float* resid, float* y) {
+                                              const float* resid, float* y, int blk) {
     __shared__ float red[8 * ROWS * N];  // [warp][token * RPT + row of the slice]
     __shared__ float red_ss[8 * N];      // [warp][token]
-    partial_dots<T, N, NM, S>(W0, W1, row_bytes, R, K, x, n, norm_w, red, red_ss);
-    finish<N, NM, S>(R, K, n, norm_w, eps, resid, y, red, red_ss);
+    partial_dots<T, N, NM, S>(W0, W1, row_bytes, R, K, x, n, norm_w, red, red_ss, blk);
+    finish<N, NM, S>(R, K, n, norm_w, eps, resid, y, red, red_ss, blk);
 }
 
+// Rows [8 * blk, +8) of the matrix (blk: the block's index among those of this matrix).
 template <int T, int N, int NM>
 __device__ __forceinline__ void matvec_block(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                              const float* x, int n, const float* norm_w, float eps,
-                                             const float* resid, float* y) {
+                                             const float* resid, float* y, int blk) {
     // N = 8 with 8 rows a thread needs 230-255 registers; Q5_K swiglu spilled there (sm_75/86/89, nvcc 13.0), so
     // Q5_K halves its rows instead (about 1.5x slower at N = 8: x is then read by both slices).
     constexpr bool N8_SPLIT = N == 8 && T == q::Q5_K;
     if (N8_SPLIT || (N < 8 && 2 * (K >> 3) <= THREADS / NM))
-        matvec_sliced<T, N, NM, 2>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y);
+        matvec_sliced<T, N, NM, 2>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, blk);
     else if constexpr (!N8_SPLIT)
-        matvec_sliced<T, N, NM, 1>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y);
+        matvec_sliced<T, N, NM, 1>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, blk);
+}
+
+// matvec3: one token through up to three matrices of one type and width that read the same x (and RMSNorm), in one
+// launch: blocks [0, B0) compute W0's rows, [B0, B0 + B1) W1's, the rest W2's, Bm = ceil(Rm / 8) (Rm = 0: none).
+// The choice is per block and uniform, and each block runs matvec_block unchanged: the results are bit for bit
+// those of three matvec launches.
+template <int T>
+__device__ __forceinline__ void matvec3_block(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0,
+                                              long long rb1, long long rb2, int R0, int R1, int R2, int K,
+                                              const float* x, const float* norm_w, float eps, float* y0, float* y1,
+                                              float* y2) {
+    const int b0 = (R0 + ROWS - 1) / ROWS, b1 = (R1 + ROWS - 1) / ROWS;
+    int blk = blockIdx.x;
+    if (blk < b0) {
+        matvec_block<T, 1, 1>(W0, W0, rb0, R0, K, x, 1, norm_w, eps, nullptr, y0, blk);
+    } else if (blk < b0 + b1) {
+        blk -= b0;
+        matvec_block<T, 1, 1>(W1, W1, rb1, R1, K, x, 1, norm_w, eps, nullptr, y1, blk);
+    } else {
+        blk -= b0 + b1;
+        matvec_block<T, 1, 1>(W2, W2, rb2, R2, K, x, 1, norm_w, eps, nullptr, y2, blk);
+    }
 }
 
 // gather_dot: warp w of block b computes out[8b + w] = dot(W[rows[o]], x + o * x_stride); lanes stride over groups.
@@ -212,12 +235,12 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
     extern "C" __global__ void BOUNDS                                                                               \
         matvec_##tag##_n##N(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,             \
                             const float* norm_w, float eps, const float* resid, float* y) {                          \
-        matvec_block<T, N, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y);                                  \
+        matvec_block<T, N, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, blockIdx.x);                      \
     }                                                                                                               \
     extern "C" __global__ void BOUNDS                                                                               \
         matvec_swiglu_##tag##_n##N(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,        \
                                    const float* x, int n, const float* norm_w, float eps, float* y) {               \
-        matvec_block<T, N, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y);                              \
+        matvec_block<T, N, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, blockIdx.x);                  \
     }
 
 #define GATHER_DOT(tag, T, BOUNDS)                                                                                  \
@@ -226,9 +249,17 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
                          const int* rows, int n, float* out) {                                                      \
         gather_dot_warp<T>(W, row_bytes, K, x, x_stride, rows, n, out);                                             \
     }
+// matvec3 (one token, up to three matrices a launch): the common types only (k_matvec.has_matvec3).
+#define MATVEC3(tag, T)                                                                                             \
+    extern "C" __global__ void MV_BOUNDS                                                                            \
+        matvec3_##tag##_n1(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0, long long rb1,   \
+                           long long rb2, int R0, int R1, int R2, int K, const float* x, const float* norm_w,       \
+                           float eps, float* y0, float* y1, float* y2) {                                            \
+        matvec3_block<T>(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2, K, x, norm_w, eps, y0, y1, y2);                      \
+    }
 #define MATVEC_KERNELS(tag, T)                                                                                      \
     MATVEC_N(tag, T, 1, MV_BOUNDS) MATVEC_N(tag, T, 2, MV_BOUNDS) MATVEC_N(tag, T, 4, MV_BOUNDS)                    \
-    MATVEC_N(tag, T, 8, MV_BOUNDS) GATHER_DOT(tag, T, MV_BOUNDS)
+    MATVEC_N(tag, T, 8, MV_BOUNDS) GATHER_DOT(tag, T, MV_BOUNDS) MATVEC3(tag, T)
 // The low-bit and codebook types: N = 1 and 8 only (2..7 tokens take the 8-token kernel, k_matvec.py).
 #define MATVEC_KERNELS_1_8(tag, T) \
     MATVEC_N(tag, T, 1, MV_BOUNDS_LOWBIT(T)) MATVEC_N(tag, T, 8, MV_BOUNDS) GATHER_DOT(tag, T, MV_BOUNDS_LOWBIT(T))

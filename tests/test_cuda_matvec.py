@@ -127,6 +127,45 @@ def test_matvec_swiglu(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed
         assert_untouched(got[n * rows :], context)
 
 
+@pytest.mark.parametrize(
+    "rows", [(13,), (1024, 67), (4096, 512, 512), (1, 9, 130)], ids=lambda r: "+".join(map(str, r))
+)
+@pytest.mark.parametrize("cols", [256, 2048])
+@pytest.mark.parametrize("ggml_type", [t for t in TYPES if k_matvec.has_matvec3(t)], ids=lambda t: t.name)
+def test_matvec3(ggml_type: GGMLType, cols: int, rows: tuple[int, ...], seed: int) -> None:
+    """One token through up to three matrices in one launch: against NumPy, and bit for bit equal to one matvec
+    launch per matrix; every output exactly its size (slack after each stays poisoned)."""
+    rng = np.random.default_rng(seed)
+    ws = [Weight(rng, ggml_type, r, cols) for r in rows]
+    x, norm_w = inputs(rng, 1, cols)
+    d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
+    xn = rmsnorm(x.astype(np.float64), norm_w, 1e-6)
+    ys = [poisoned((r + 5,)) for r in rows]
+    run(k_matvec.matvec3([w.dev for w in ws], d_x, ys, norm_w=d_norm, eps=1e-6))
+    for m, (w, y) in enumerate(zip(ws, ys, strict=True)):
+        context = f"{ggml_type.name} rows={rows} K={cols} matrix {m} seed={seed}"
+        got = y.to_host()
+        tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
+        assert_close(got[None, : w.dev.rows], xn @ w.dense.T, tol, context)
+        assert_untouched(got[w.dev.rows :], context)
+        alone = poisoned((w.dev.rows,))
+        run(k_matvec.matvec(w.dev, d_x, 1, alone, norm_w=d_norm, eps=1e-6))
+        np.testing.assert_array_equal(got[: w.dev.rows], alone.to_host(), err_msg=context + ": differs from matvec")
+
+
+def test_matvec3_rejects_mixed_matrices() -> None:
+    w = DeviceWeight(0x1000, GGMLType.Q4_K, 16, 256, 144, "w")
+    x, y = DeviceArray(0x2000, (1, 256), "f4", False), DeviceArray(0x3000, (1, 16), "f4", False)
+    with pytest.raises(CudaError, match="type or width"):
+        k_matvec.matvec3([w, DeviceWeight(0x1000, GGMLType.Q6_K, 16, 256, 210, "v")], x, [y, y])
+    with pytest.raises(CudaError, match="type or width"):
+        k_matvec.matvec3([w, DeviceWeight(0x1000, GGMLType.Q4_K, 16, 512, 288, "v")], x, [y, y])
+    with pytest.raises(CudaError, match="1 to 3 matrices"):
+        k_matvec.matvec3([w] * 4, x, [y] * 4)
+    with pytest.raises(CudaError, match="y: needs"):
+        k_matvec.matvec3([w], x, [DeviceArray(0x3000, (1, 8), "f4", False)])
+
+
 @pytest.mark.parametrize(("cols", "n"), [(512, 3), (2048, 3), (2048, 6)], ids=["K512-n3", "K2048-n3", "K2048-n6"])
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_matvec_exact_buffers(ggml_type: GGMLType, cols: int, n: int, seed: int) -> None:

@@ -12,12 +12,17 @@ from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
-from engine.quants import LOWBIT_TYPES
+from engine.quants import KERNEL_TAGS, LOWBIT_TYPES
 
 ROWS_PER_BLOCK = 8  # matvec: 8 warps, 8 output rows per block; gather_dot: one output per warp
 THREADS = 256
 TOKEN_BUCKETS = (1, 2, 4, 8)  # matvec_*_n{N} variants; a launch of n tokens uses the smallest N >= n
 LOWBIT_BUCKETS = (1, 8)  # the variants built for quants.LOWBIT_TYPES (kernels/matvec.cu)
+
+
+def has_matvec3(ggml_type: int) -> bool:
+    """Whether kernels/matvec.cu builds matvec3 for this type (the common types, not quants.LOWBIT_TYPES)."""
+    return ggml_type in KERNEL_TAGS and ggml_type not in LOWBIT_TYPES
 
 
 def _bucket(n: int, ggml_type: int) -> int:
@@ -53,6 +58,39 @@ def matvec(
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
             ptr(y)]  # fmt: skip
     return Launch(fn, (_blocks(w.rows, ROWS_PER_BLOCK),), (THREADS,), args)
+
+
+def matvec3(
+    ws: list[DeviceWeight],  # 1 to 3 matrices (R_m, K) of one type and width
+    x: DeviceArray,  # (1, K) f4: one token
+    ys: list[DeviceArray],  # (1, R_m) f4 each; ys[m] = ws[m] . rmsnorm(x)
+    *,
+    norm_w: DeviceArray | None = None,  # (K,) f4
+    eps: float = 0.0,
+) -> Launch:
+    """One launch for the matvecs of one token through matrices that read the same x (q/k/v): results equal to
+    one `matvec` launch each, bit for bit."""
+    if not 1 <= len(ws) <= 3 or len(ys) != len(ws):
+        raise CudaError(f"matvec3 takes 1 to 3 matrices and as many outputs, got {len(ws)} and {len(ys)}")
+    w0 = ws[0]
+    if any((w.ggml_type, w.cols) != (w0.ggml_type, w0.cols) for w in ws):
+        raise CudaError("matvec3 matrices differ in type or width: " + ", ".join(f"{w.name} {w.tag} x{w.cols}"
+                                                                                 for w in ws))  # fmt: skip
+    need(x, "x", "f4", w0.cols, aligned=True)
+    if norm_w is not None:
+        need(norm_w, "norm_w", "f4", w0.cols, aligned=True)
+    for w, y in zip(ws, ys, strict=True):
+        need_aligned_weight(w)
+        need(y, "y", "f4", w.rows)
+    pad = 3 - len(ws)
+    ptrs = [w.ptr for w in ws] + [w0.ptr] * pad
+    row_bytes = [w.row_bytes for w in ws] + [w0.row_bytes] * pad
+    rows = [w.rows for w in ws] + [0] * pad
+    outs = [y for y in ys] + [ys[0]] * pad
+    fn = driver.module("matvec").fn(f"matvec3_{w0.tag}_n1")
+    args = [*(ptr(p) for p in ptrs), *(i64(b) for b in row_bytes), *(i32(r) for r in rows), i32(w0.cols), ptr(x),
+            ptr(norm_w), f32(eps), *(ptr(y) for y in outs)]  # fmt: skip
+    return Launch(fn, (sum(_blocks(r, ROWS_PER_BLOCK) for r in rows),), (THREADS,), args)
 
 
 def matvec_swiglu(

@@ -1,7 +1,8 @@
 """The dense family (`qwen3`, `llama`) on the CUDA backend: the same math as models/dense.py, as kernel launches.
 
 Per layer, for a batch of n tokens whose first position is in device memory (`ctrl[0]`):
-  n <= 8 : matvec q, k, v with the attention RMSNorm fused; attention; matvec o (+x); matvec gate/up SwiGLU with the
+  n <= 8 : matvec q, k, v with the attention RMSNorm fused (one launch for those of one type when n = 1);
+           attention; matvec o (+x); matvec gate/up SwiGLU with the
            FFN RMSNorm fused; matvec down (+x).
   n >  8 : RMSNorm rows; GEMM q, k, v; attention; GEMM o (+x); RMSNorm rows; GEMM gate/up SwiGLU; GEMM down (+x).
 Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n = 1) or causal prefill.
@@ -23,7 +24,7 @@ from engine.cuda import k_norm_rope as knr
 from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, passes, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
-from engine.cuda.memory import DeviceArray
+from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
 from engine.models import specs
 from engine.models.moe_cuda import MoEFFN
@@ -144,15 +145,32 @@ class CudaModel:
             out += self._matmul(pair.b, t, n, y, resid=y)
         return out
 
+    def _matmuls(self, pairs: list[tuple[DeviceWeight, DeviceArray]], x: DeviceArray, n: int,
+                 norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
+        """dst[:n] = w · x[:n] for each (w, dst) (x RMS-normed first when norm_w). One token through matrices of one
+        type goes in one matvec3 launch (three at most); more tokens, other types and LoRA-adapted weights take a
+        _matmul each."""
+        fused: dict[tuple[int, int], list[tuple[DeviceWeight, DeviceArray]]] = {}
+        out: list[Launch] = []
+        for w, dst in pairs:
+            if n == 1 and km.has_matvec3(w.ggml_type) and not self.lora.of(w.name):
+                fused.setdefault((w.ggml_type, w.cols), []).append((w, dst))
+            else:
+                out += self._matmul(w, x, n, dst, norm_w=norm_w)
+        for group in fused.values():
+            for at in range(0, len(group), 3):
+                ws, ys = zip(*group[at : at + 3], strict=True)
+                out.append(km.matvec3(list(ws), x, list(ys), norm_w=norm_w, eps=self.cfg.norm_eps))
+        return out
+
     def _qkv(self, L: dict, n: int) -> list[Launch]:
         if use_matvec(n):  # the attention norm rides along in each matvec
             src, norm, out = self.x, L["attn_norm"], []
         else:
             src, norm = self.xb, None
             out = [knr.rmsnorm_rows(self.x, L["attn_norm"], self.cfg.norm_eps, self.xb, n)]
-        for name, dst in (("attn_q", self.q), ("attn_k", self.k), ("attn_v", self.v)):
-            out += self._matmul(L[name], src, n, dst, norm_w=norm)
-        return out
+        pairs = [(L["attn_q"], self.q), (L["attn_k"], self.k), (L["attn_v"], self.v)]
+        return out + self._matmuls(pairs, src, n, norm_w=norm)
 
     def _ffn(self, L: dict, n: int) -> list[Launch]:
         gate, up, eps = L["ffn_gate"], L["ffn_up"], self.cfg.norm_eps

@@ -70,6 +70,7 @@ class CudaModel:
     # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one. The MoE FFN's
     # router and experts have no CUDA LoRA path (engine/cuda/lora.check_supported refuses them).
     _matmul = dense_cuda.CudaModel._matmul
+    _matmuls = dense_cuda.CudaModel._matmuls
     LORA_TARGETS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ssm_in", "ssm_ba",
                               "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"})  # fmt: skip
     # State files: k, v (n_attn, n, KVH, hd), conv (n_rec, K-1, conv_dim), ssm (n_rec, H_v, Dk, Dv) f32, the NumPy
@@ -255,8 +256,12 @@ class CudaModel:
         C, K, H_k, H_v, Dk, Dv = g.conv_dim, g.conv_kernel, g.n_k_heads, g.n_v_heads, g.head_k_dim, g.head_v_dim
         r, key_dim, value_dim = H_v // H_k, H_k * Dk, H_v * Dv
         src, norm, out = self._normed(L["attn_norm"], n)
-        if "ssm_in" in L:  # qwen3next: per k head [q (Dk) | k (Dk) | v (r*Dv) | z (r*Dv)]
-            out += self._matmul(L["ssm_in"], src, n, self.fused, norm_w=norm)
+        # qwen3next files fuse [q (Dk) | k (Dk) | v (r*Dv) | z (r*Dv)] (ssm_in) and [b (r) | a (r)] (ssm_ba) per k head
+        fused_in, fused_ba = "ssm_in" in L, "ssm_ba" in L
+        projections = [(L["ssm_in"], self.fused)] if fused_in else [(L["attn_qkv"], self.qkv), (L["attn_gate"], self.z)]
+        gates = [(L["ssm_ba"], self.ba)] if fused_ba else [(L["ssm_beta"], self.beta), (L["ssm_alpha"], self.decay)]
+        out += self._matmuls([*projections, *gates], src, n, norm_w=norm)
+        if fused_in:
             dsts = [
                 (self.qkv, C),
                 (_from(self.qkv, key_dim), C),
@@ -264,15 +269,8 @@ class CudaModel:
                 (self.z, value_dim),
             ]
             out.append(kd.split_groups(self.fused, n, H_k, (Dk, Dk, r * Dv, r * Dv), dsts))
-        else:
-            out += self._matmul(L["attn_qkv"], src, n, self.qkv, norm_w=norm)
-            out += self._matmul(L["attn_gate"], src, n, self.z, norm_w=norm)
-        if "ssm_ba" in L:  # qwen3next: per k head [b (r) | a (r)]
-            out += self._matmul(L["ssm_ba"], src, n, self.ba, norm_w=norm)
+        if fused_ba:
             out.append(kd.split_groups(self.ba, n, H_k, (r, r), [(self.beta, H_v), (self.decay, H_v)]))
-        else:
-            out += self._matmul(L["ssm_beta"], src, n, self.beta, norm_w=norm)
-            out += self._matmul(L["ssm_alpha"], src, n, self.decay, norm_w=norm)
         conv_state = self.conv_state.view(slot * (K - 1) * C, ((K - 1) * C,))
         ssm_state = self.ssm_state.view(slot * H_v * Dv * Dk, (H_v * Dv * Dk,))
         out += [
@@ -290,8 +288,7 @@ class CudaModel:
         c = self.cfg
         H, KVH, hd, vd = c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim
         src, norm, out = self._normed(L["attn_norm"], n)
-        for name, dst in (("attn_q", self.qg), ("attn_k", self.k), ("attn_v", self.v)):
-            out += self._matmul(L[name], src, n, dst, norm_w=norm)
+        out += self._matmuls([(L["attn_q"], self.qg), (L["attn_k"], self.k), (L["attn_v"], self.v)], src, n, norm)
         out.append(kd.split_groups(self.qg, n, H, (hd, hd), [(self.q, H * hd), (self.gate, H * hd)]))
         kc = self.k_cache.view(slot * self.max_seq * KVH * hd, self.k_cache.shape[1:])
         vc = self.v_cache.view(slot * self.max_seq * KVH * vd, self.v_cache.shape[1:])

@@ -66,6 +66,7 @@ class CudaModel:
     # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one: not the
     # per-head attn_k_b / attn_v_b (not adaptable: engine/lora.py), nor the MoE FFN's router and experts.
     _matmul = dense_cuda.CudaModel._matmul
+    _matmuls = dense_cuda.CudaModel._matmuls
     LORA_TARGETS = frozenset({"attn_q", "attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_output", "ffn_gate", "ffn_up",
                               "ffn_down"})  # fmt: skip
 
@@ -179,8 +180,11 @@ class CudaModel:
         H, R, P, nope, v = c.n_heads, m.kv_lora_rank, c.rope_dim, m.qk_nope_dim, m.v_head_dim
         cache = self.cache.view(layer * self.max_seq * D, (self.max_seq, D))
         src, norm, out = self._normed(L["attn_norm"], n)
-        out += self._queries(L, src, norm, n)
-        out += self._matmul(L["attn_kv_a_mqa"], src, n, self.kva, norm_w=norm)
+        if self.mla.q_lora_rank:
+            out += self._queries(L, src, norm, n)
+            out += self._matmul(L["attn_kv_a_mqa"], src, n, self.kva, norm_w=norm)
+        else:  # q and the latent KV read the same normed row: one launch when one token and one type
+            out += self._matmuls([(L["attn_q"], self.q), (L["attn_kv_a_mqa"], self.kva)], src, n, norm_w=norm)
         out.append(knr.mla_kv_rope(self.kva, L["attn_kv_a_norm"], c.norm_eps, self.q, self.qa, n, H, R, P, nope,
                                    c.rope_theta, self.freq_scale, self.pos, cache, yarn=self.yarn))  # fmt: skip
         out.append(kmla.head_matvec(L["attn_k_b"], H, self.q, H * (nope + P), nope + P, n, self.qa, H * D, D))
