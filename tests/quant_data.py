@@ -42,6 +42,26 @@ def random_tensor(rng: np.random.Generator, ggml_type: GGMLType, shape: tuple[in
     return blocks.reshape(-1)
 
 
+# The kernel types beyond SCALE_OFFSETS: (byte offsets of their f16 scales, roughly |value| / d for random quants).
+# IQ1_M's d is split over four nibbles and MXFP4's scale is an exponent byte; `random_weights` sets those itself.
+WEIGHT_SCALES: dict[GGMLType, tuple[tuple[int, ...], float]] = {
+    GGMLType.Q2_K: ((80, 82), 16.0),
+    GGMLType.Q3_K: ((108,), 32.0),
+    GGMLType.TQ1_0: ((52,), 1.0),
+    GGMLType.TQ2_0: ((64,), 1.0),
+    GGMLType.IQ1_S: ((0,), 8.0),
+    GGMLType.IQ1_M: ((), 8.0),
+    GGMLType.IQ2_XXS: ((0,), 64.0),
+    GGMLType.IQ2_XS: ((0,), 64.0),
+    GGMLType.IQ2_S: ((0,), 64.0),
+    GGMLType.IQ3_XXS: ((0,), 128.0),
+    GGMLType.IQ3_S: ((0,), 128.0),
+    GGMLType.IQ4_NL: ((0,), 64.0),
+    GGMLType.IQ4_XS: ((0,), 1024.0),
+    GGMLType.MXFP4: ((), 6.0),
+}
+
+
 def random_weights(
     rng: np.random.Generator, ggml_type: GGMLType, shape: tuple[int, ...], scale: float = 0.02
 ) -> np.ndarray:
@@ -57,9 +77,21 @@ def random_weights(
         return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     block, type_size = BLOCK_SIZES[ggml_type]
     blocks = rng.integers(0, 256, size=(n_values // block, type_size), dtype=np.uint8)
-    # A quant spans roughly +-16 levels (K-quants multiply by a 6-bit sub-scale, up to 63): aim at O(scale) values.
-    per_level = scale / (16.0 * (32.0 if ggml_type in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K) else 1.0))
-    for offset in SCALE_OFFSETS[ggml_type]:
+    if ggml_type in SCALE_OFFSETS:
+        # A quant spans roughly +-16 levels (K-quants multiply by a 6-bit sub-scale, up to 63): O(scale) values.
+        offsets = SCALE_OFFSETS[ggml_type]
+        per_level = scale / (16.0 * (32.0 if ggml_type in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K) else 1.0))
+    else:
+        offsets, typical = WEIGHT_SCALES[ggml_type]
+        per_level = scale / typical
+    for offset in offsets:
         d = (np.abs(rng.normal(size=len(blocks))) * per_level + per_level / 4).astype(np.float16)
         blocks[:, offset : offset + 2] = d.view(np.uint8).reshape(-1, 2)
+    if ggml_type == GGMLType.IQ1_M:  # d's nibble i is the top nibble of the u16 scales[i] (block bytes 49, 51, 53, 55)
+        d = (np.abs(rng.normal(size=len(blocks))) * per_level + per_level / 4).astype(np.float16).view(np.uint16)
+        for i in range(4):
+            blocks[:, 49 + 2 * i] = (blocks[:, 49 + 2 * i] & 0x0F) | (((d >> (4 * i)) & 0x0F).astype(np.uint8) << 4)
+    if ggml_type == GGMLType.MXFP4:  # d = 2^(e - 128)
+        e = round(128 + math.log2(per_level))
+        blocks[:, 0] = rng.integers(e - 2, e + 3, size=len(blocks))
     return blocks.reshape(-1)

@@ -1,6 +1,8 @@
-"""Low-bit and i-quant GGUFs made by llama.cpp's own quantizer (scripts/make_quant_fixture.py): the NumPy backend
-within 1e-3 of exact f32 math on the dequantized weights (docs/design.md §7), at every prompt position and greedy
-step; and the CUDA backend refusing them at load, before any upload, so that backend "auto" runs them on the CPU.
+"""Low-bit and i-quant GGUFs made by llama.cpp's own quantizer (scripts/make_quant_fixture.py): both backends within
+1e-3 of exact f32 math on the dequantized weights (docs/design.md §7), at every prompt position and greedy step (the
+CUDA backend's float32 matvec paths; its TF32 GEMM chunks are held to the CPU backend as in tests/test_cuda_model.py);
+and the CUDA backend refusing a type it has no kernels for (Q8_K) at load, before any upload, so that backend "auto"
+runs such a file on the CPU.
 
 The references (tests/fixtures/<case>.quant.json / .npz) are llama.cpp's logits on an all-F32 copy whose weights
 gguf-py dequantized, kept at every 4th vocabulary id, with each full row's argmax and logsumexp.
@@ -13,18 +15,21 @@ import hashlib
 import json
 import logging
 import os
+import struct
 
 import numpy as np
 import pytest
 
 from engine import engine as engine_module
 from engine.config import ModelConfig
+from engine.cpu.dequant import dequantize
 from engine.cuda import load_runner
 from engine.engine import Engine
 from engine.errors import UnsupportedArchitecture
 from engine.gguf import read
-from engine.quants import KERNEL_TAGS, SUPPORTED_TYPES, GGMLType
+from engine.quants import LOWBIT_TYPES, GGMLType
 from tests import conformance as C
+from tests.gguf_builder import gstr
 
 CASES = sorted(os.path.basename(p).removesuffix(".quant.json") for p in glob.glob(C.fixture_path("*", ".quant.json")))
 TOLERANCE = 1e-3  # docs/design.md §7: quantized files, f32 math on dequantized weights, vs exact math
@@ -43,9 +48,9 @@ def case(request):
 
 
 def test_cases_hold_every_type_a_model_file_can():
-    """Between them the files hold every new type but Q8_K (no llama.cpp matmul takes Q8_K weights)."""
+    """Between them the files hold every low-bit and codebook type (Q8_K is no weight type: llama.cpp writes none)."""
     held = {GGMLType[t] for name in CASES for t in load_case(name)[0]["tensor_type_counts"]}
-    assert SUPPORTED_TYPES - set(KERNEL_TAGS) - {GGMLType.Q8_K} <= held, sorted(t.name for t in held)
+    assert held >= LOWBIT_TYPES, sorted(t.name for t in held)
 
 
 def test_file_is_the_one_llama_cpp_wrote(case):
@@ -71,8 +76,8 @@ def check_rows(ours: np.ndarray, npz: dict, key: str, context: str) -> float:
     return err
 
 
-def test_cpu_backend_matches_exact_math(case):
-    name, ref, npz, engine = case
+def check_case(engine, name: str, ref: dict, npz: dict) -> None:
+    """Every prompt's logits and greedy steps within TOLERANCE of exact math, and the greedy ids where no near tie."""
     worst_prompt = worst_steps = 0.0
     for i, p in enumerate(ref["prompts"]):
         ids = p["token_ids"]
@@ -89,6 +94,26 @@ def test_cpu_backend_matches_exact_math(case):
     assert worst_steps <= TOLERANCE, (name, worst_steps)
 
 
+def test_cpu_backend_matches_exact_math(case):
+    name, ref, npz, engine = case
+    check_case(engine, name, ref, npz)
+
+
+@pytest.mark.gpu
+def test_cuda_backend_matches_exact_math(case):
+    """The prompts (a few tokens: matvec passes) and greedy steps on the kernels of every type in the files; then a
+    100-token chunk through the GEMM (TF32 tensor cores) against the CPU backend, as tests/test_cuda_model.py does."""
+    name, ref, npz, cpu = case
+    cuda = Engine.load(C.fixture_path(name, ".gguf"), backend="cuda", max_seq_len=128)
+    assert cuda.backend == "cuda"
+    check_case(cuda, name, ref, npz)
+    ids = (
+        cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n") * 4
+    )
+    a, b = cuda.logits(ids[:100]), cpu.logits(ids[:100])
+    assert np.abs(a - b).max() <= 2e-3 * max(1.0, np.abs(b).max()), (name, np.abs(a - b).max())
+
+
 class _NoContext:
     """A CUDA context that must not be needed: the refusal comes before the wait for it and any upload."""
 
@@ -98,25 +123,47 @@ class _NoContext:
         raise AssertionError("load_runner waited for the CUDA context of a file it must refuse")
 
 
-def test_cuda_load_refuses_types_without_kernels():
-    gf = read(C.fixture_path("qwen3-tiny-lowbit-mix", ".gguf"))
+def q8_k_file(tmp_path) -> str:
+    """qwen3-tiny-f32 with token_embd.weight stored as Q8_K, patched in place: its tensor info's type, and its data
+    quantized (d = max |x| / 127 per 256 values, bsums zero: the decoders ignore them) at the start of its old slot."""
+    src = C.fixture_path("qwen3-tiny-f32", ".gguf")
+    info = read(src).tensors["token_embd.weight"]
+    with open(src, "rb") as f:
+        data = bytearray(f.read())
+    header = gstr(info.name) + struct.pack("<I", len(info.ne)) + struct.pack(f"<{len(info.ne)}Q", *info.ne)
+    at = data.index(header) + len(header)
+    data[at : at + 4] = struct.pack("<I", GGMLType.Q8_K)
+    x = np.frombuffer(data, np.float32, count=info.n_bytes // 4, offset=info.offset).reshape(-1, 256).copy()
+    d = np.maximum(np.abs(x).max(axis=1, keepdims=True), 1e-30).astype(np.float32) / 127
+    blocks = np.zeros((len(x), 292), np.uint8)
+    blocks[:, 0:4] = d.view(np.uint8)
+    blocks[:, 4:260] = np.round(x / d).astype(np.int8).view(np.uint8)
+    data[info.offset : info.offset + blocks.size] = blocks.tobytes()
+    path = tmp_path / "qwen3-tiny-q8_k-embd.gguf"
+    path.write_bytes(bytes(data))
+    assert np.array_equal(dequantize(blocks.reshape(-1), GGMLType.Q8_K, (len(x), 256)), d * np.round(x / d))
+    return str(path)
+
+
+def test_cuda_load_refuses_types_without_kernels(tmp_path):
+    gf = read(q8_k_file(tmp_path))
     config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
-    first = next(info for info in gf.tensors.values() if info.ggml_type not in KERNEL_TAGS)
-    match = rf"tensor '{first.name}' has type {first.ggml_type.name}, which the CUDA kernels do not compute"
+    match = "tensor 'token_embd.weight' has type Q8_K, which the CUDA kernels do not compute"
     with pytest.raises(UnsupportedArchitecture, match=match):
         load_runner(config, gf, 64, _NoContext())
 
 
 @pytest.mark.parametrize("backend", ["auto", "cuda"])
-def test_auto_falls_back_to_cpu_and_cuda_fails(monkeypatch, caplog, backend):
+def test_auto_falls_back_to_cpu_and_cuda_fails(monkeypatch, caplog, tmp_path, backend):
     """As on a GPU machine: the backend choice yields a context, the CUDA load refuses the file."""
     monkeypatch.setattr(engine_module, "_start_backend", lambda requested: (backend, _NoContext()))
-    path = C.fixture_path("qwen3-tiny-q2_k", ".gguf")
+    path = q8_k_file(tmp_path)
     if backend == "cuda":
-        with pytest.raises(UnsupportedArchitecture, match="type Q2_K, which the CUDA kernels do not compute"):
+        with pytest.raises(UnsupportedArchitecture, match="type Q8_K, which the CUDA kernels do not compute"):
             Engine.load(path, backend="cuda", max_seq_len=64)
         return
     with caplog.at_level(logging.WARNING):
         engine = Engine.load(path, backend="auto", max_seq_len=64)
     assert engine.backend == "cpu"
     assert "CUDA kernels do not compute" in caplog.text
+    assert np.isfinite(engine.logits(engine.tokenizer.encode("The capital of France is"))).all()
