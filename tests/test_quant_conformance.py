@@ -24,6 +24,7 @@ from engine import engine as engine_module
 from engine.config import ModelConfig
 from engine.cpu.dequant import dequantize
 from engine.cuda import load_runner
+from engine.cuda.dispatch import MATVEC_MAX
 from engine.engine import Engine
 from engine.errors import UnsupportedArchitecture
 from engine.gguf import read
@@ -76,11 +77,14 @@ def check_rows(ours: np.ndarray, npz: dict, key: str, context: str) -> float:
     return err
 
 
-def check_case(engine, name: str, ref: dict, npz: dict) -> None:
-    """Every prompt's logits and greedy steps within TOLERANCE of exact math, and the greedy ids where no near tie."""
+def check_case(engine, name: str, ref: dict, npz: dict, max_prompt: int | None = None) -> None:
+    """Every prompt's logits and greedy steps within TOLERANCE of exact math, and the greedy ids where no near tie
+    (only the prompts of at most `max_prompt` tokens, when given)."""
     worst_prompt = worst_steps = 0.0
     for i, p in enumerate(ref["prompts"]):
         ids = p["token_ids"]
+        if max_prompt is not None and len(ids) > max_prompt:
+            continue
         assert engine.tokenizer.encode(p["text"]) == ids
         worst_prompt = max(worst_prompt, check_rows(engine.logits(ids), npz, f"prompt{i}_logits", f"{name} {i}"))
         # the greedy steps through the decode path: the prompt as one batch, then the greedy ids one at a time
@@ -101,17 +105,19 @@ def test_cpu_backend_matches_exact_math(case):
 
 @pytest.mark.gpu
 def test_cuda_backend_matches_exact_math(case):
-    """The prompts (a few tokens: matvec passes) and greedy steps on the kernels of every type in the files; then a
-    100-token chunk through the GEMM (TF32 tensor cores) against the CPU backend, as tests/test_cuda_model.py does."""
+    """The prompts that go through matvec passes (float32 math: at most dispatch.MATVEC_MAX tokens) and their greedy
+    steps on the kernels of every type in the files, against exact math; the longer prompts and a 100-token chunk,
+    which go through the GEMM (TF32 tensor cores), against the CPU backend, as tests/test_cuda_model.py does."""
     name, ref, npz, cpu = case
     cuda = Engine.load(C.fixture_path(name, ".gguf"), backend="cuda", max_seq_len=128)
     assert cuda.backend == "cuda"
-    check_case(cuda, name, ref, npz)
-    ids = (
-        cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n") * 4
-    )
-    a, b = cuda.logits(ids[:100]), cpu.logits(ids[:100])
-    assert np.abs(a - b).max() <= 2e-3 * max(1.0, np.abs(b).max()), (name, np.abs(a - b).max())
+    check_case(cuda, name, ref, npz, max_prompt=MATVEC_MAX)
+    chunk = cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n")
+    long = [p["token_ids"] for p in ref["prompts"] if len(p["token_ids"]) > MATVEC_MAX]
+    assert long, "no prompt exercises the GEMM path"
+    for ids in [*long, (chunk * 4)[:100]]:
+        a, b = cuda.logits(ids), cpu.logits(ids)
+        assert np.abs(a - b).max() <= 2e-3 * max(1.0, np.abs(b).max()), (name, len(ids), np.abs(a - b).max())
 
 
 class _NoContext:
