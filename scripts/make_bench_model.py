@@ -268,6 +268,12 @@ def write_model(
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     w = GGUFWriter(out, "qwen3")
     _add_metadata(w, quant, n_layers, vocab)
+    write_tensors(w, plan, lambda t: tensor_data(t, seed))
+    return plan
+
+
+def write_tensors(w: GGUFWriter, plan: list[TensorSpec], data) -> None:
+    """The tensor infos, then (after the header and metadata) each tensor's `data(t)`, one at a time; closes w."""
     for t in plan:
         if t.ggml_type == Q.F32:
             w.add_tensor_info(t.name, t.ne[::-1], np.dtype(np.float32), t.n_bytes)
@@ -278,9 +284,8 @@ def write_model(
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for t in plan:
-        w.write_tensor_data(tensor_data(t, seed))
+        w.write_tensor_data(data(t))
     w.close()
-    return plan
 
 
 def type_counts(plan: list[TensorSpec]) -> dict[str, int]:

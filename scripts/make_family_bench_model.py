@@ -228,18 +228,7 @@ def write_model(out: str, shape: str, seed: int = 0, n_layers: int | None = None
         w.add_key_value(key, value, vtype, sub)
     w.add_quantization_version(2)
     w.add_file_type(15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-    for t in plan:
-        if t.ggml_type == Q.F32:
-            w.add_tensor_info(t.name, t.ne[::-1], np.dtype(np.float32), t.n_bytes)
-        else:
-            row_bytes = t.n_bytes // int(np.prod(t.ne[1:]))
-            w.add_tensor_info(t.name, (*t.ne[:0:-1], row_bytes), np.dtype(np.uint8), t.n_bytes, raw_dtype=t.ggml_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for t in plan:
-        w.write_tensor_data(tensor_data(t, seed))
-    w.close()
+    mb.write_tensors(w, plan, lambda t: tensor_data(t, seed))
     return plan
 
 

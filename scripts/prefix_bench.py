@@ -21,6 +21,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from engine.tools import bench  # noqa: E402
+
 SENTENCE = "The support assistant answers questions about orders, refunds and shipping politely and briefly. "
 QUESTION = "Question: is a refund possible after thirty days? Answer:"
 CANDIDATES = [" yes", " no", " maybe"]
@@ -46,22 +48,7 @@ def system_prompt(model: str, n_tokens: int) -> str:
 
 
 def _cold(model: str, prompt: str, backend: str | None, env: dict) -> dict:
-    argv = [
-        sys.executable,
-        "-m",
-        "engine",
-        "system1",
-        model,
-        prompt,
-        *[a for c in CANDIDATES for a in ("--candidate", c)],
-    ]
-    argv += ["--backend", backend] if backend else []
-    t0 = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    wall = (time.perf_counter() - t0) * 1000.0
-    result = json.loads(p.stdout.strip().splitlines()[-1])
-    if "error" in result:
-        raise RuntimeError(f"cold run failed: {result}")
+    result, wall = bench.run_cli(bench.system1_argv(model, prompt, CANDIDATES, backend), env, cwd=ROOT)
     cold, timings = result["cold_start"], result["timings"]
     return {"process_start_to_result_ms": cold["process_start_to_result_ms"],
             "prompt_eval_ms": timings["prompt_eval_ms"], "prefix_tokens_reused": timings.get("prefix_tokens_reused", 0),

@@ -20,6 +20,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from engine.tools import bench  # noqa: E402
+
 PROMPT = "Question: is the sky blue on a clear day? Answer:"
 CANDIDATES = [" yes", " no", " maybe"]
 _RESULT = "Job result: "
@@ -48,22 +52,7 @@ def _worker(model: str, env: dict) -> tuple[dict, float]:
 
 
 def _engine(model: str, env: dict, backend: str | None) -> tuple[dict, float]:
-    argv = [
-        sys.executable,
-        "-m",
-        "engine",
-        "system1",
-        model,
-        PROMPT,
-        *[a for c in CANDIDATES for a in ("--candidate", c)],
-    ]
-    argv += ["--backend", backend] if backend else []
-    t0 = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    wall = (time.perf_counter() - t0) * 1000.0
-    result = json.loads(p.stdout.strip().splitlines()[-1])
-    if "error" in result:
-        raise RuntimeError(f"engine run failed: {result}")
+    result, wall = bench.run_cli(bench.system1_argv(model, PROMPT, CANDIDATES, backend), env, cwd=ROOT)
     return result["cold_start"], wall
 
 

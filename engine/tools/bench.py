@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -82,6 +83,33 @@ def warm(engine, repeats: int = 20) -> dict:
     return res
 
 
+def system1_argv(model: str, prompt: str, candidates: list[str], backend: str | None) -> list[str]:
+    """A fresh `python -m engine system1` process on model, prompt and candidates."""
+    argv = [
+        sys.executable,
+        "-m",
+        "engine",
+        "system1",
+        model,
+        prompt,
+        *[a for c in candidates for a in ("--candidate", c)],
+    ]
+    return argv + (["--backend", backend] if backend else [])
+
+
+def run_cli(argv: list[str], env: dict, cwd: str | None = None) -> tuple[dict, float]:
+    """Run one engine CLI process: its JSON result (the last stdout line) and the outside wall clock in ms; a failed
+    run raises with what it printed."""
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    wall = (time.perf_counter() - t0) * 1000.0
+    lines = p.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {"error": p.stderr[-500:]}
+    if "error" in result:
+        raise RuntimeError(f"{' '.join(argv[2:4])} run failed: {result}")
+    return result, wall
+
+
 def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> tuple[dict, dict | None]:
     """Fresh processes: system1 and generate (1 token), phases p50/p95, the external wall clock, GPU energy and peak
     memory; with a `peer` (engine.tools.peer.LlamaCpp), its cold first token on the same file, interleaved."""
@@ -90,15 +118,15 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> t
     meter = meter or Meter()
     extra = ["--backend", backend] if backend else []
     jobs = {
-        "system1": ["system1", model, SYSTEM1_PROMPT, *[a for c in CANDIDATES for a in ("--candidate", c)]],
-        "generate": ["generate", model, SYSTEM1_PROMPT, "--max-tokens", "1"],
+        "system1": system1_argv(model, SYSTEM1_PROMPT, CANDIDATES, backend),
+        "generate": [sys.executable, "-m", "engine", "generate", model, SYSTEM1_PROMPT, "--max-tokens", "1", *extra],
     }
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ours: dict[str, dict[str, list[float]]] = {name: {} for name in jobs}
     theirs: dict[str, list[float]] = {}
     for _ in range(runs):
         for name, args in jobs.items():
-            r = meter.run([sys.executable, "-m", "engine", *args, *extra], env=env)
+            r = meter.run(args, env=env)
             result = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"error": r.stderr[-500:]}
             if "error" in result:
                 raise RuntimeError(f"cold {name} run failed: {result}")
