@@ -83,7 +83,7 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
     constexpr int V = RPT * N;  // sums per thread: acc[t * RPT + r] is token t, row r of the slice
     static_assert(SPAN % 32 == 0, "a slice is whole warps");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tt = tid % TEAM;
-    const int row0 = blk * ROWS + (tt / SPAN) * RPT;  // this slice's first row
+    const int row0 = (blk < 0 ? int(blockIdx.x) : blk) * ROWS + (tt / SPAN) * RPT;  // this slice's first row
     const uint8_t* W = (NM == 2 && tid >= TEAM) ? W1 : W0;
 
     int xo[N];  // offset of token t's x row, clamped to the last token (n*K < 2^31: n <= 8, K < 2^28)
@@ -128,7 +128,7 @@ template <int N, int NM, int S>
 __device__ __forceinline__ void finish(int R, int K, int n, const float* norm_w, float eps, const float* resid,
                                        float* y, const float* red, const float* red_ss, int blk) {
     constexpr int RPT = ROWS / S, V = RPT * N, WT = 8 / NM, WS = WT / S;
-    const int i = threadIdx.x, t = i / ROWS, r = i % ROWS, row = blk * ROWS + r;
+    const int i = threadIdx.x, t = i / ROWS, r = i % ROWS, row = (blk < 0 ? int(blockIdx.x) : blk) * ROWS + r;
     if (i >= ROWS * N || t >= n || row >= R) return;
     const int j = t * RPT + r % RPT, w0 = (r / RPT) * WS;  // the value's index in its warps, the slice's first warp
     float a = 0.f, b = 0.f, s = 1.f;
@@ -163,7 +163,8 @@ __device__ __forceinline__ void matvec_sliced(const uint8_t* W0, const uint8_t* 
     finish<N, NM, S>(R, K, n, norm_w, eps, resid, y, red, red_ss, blk);
 }
 
-// Rows [8 * blk, +8) of the matrix (blk: the block's index among those of this matrix).
+// Rows [8 * blk, +8) of the matrix (blk: the block's index among those of this matrix; -1: blockIdx.x, read where it
+// is used, so a plain launch keeps no register for it).
 template <int T, int N, int NM>
 __device__ __forceinline__ void matvec_block(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                              const float* x, int n, const float* norm_w, float eps,
@@ -228,19 +229,24 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 // (nvcc 13.0) settled on 40 or 64 registers for some of them (iq3_s on sm_86/89, iq2_xxs and iq2_s on sm_120) and
 // spilled 8-56 bytes; bounded, they spill nothing. Their 8-token kernels need ~250 registers and keep the plain bound,
 // as every kernel of the other types does.
+// IQ2_XS's swiglu spilled 4 bytes at 85 registers on sm_120 and asks for 2 there as well.
 #define MV_BOUNDS __launch_bounds__(THREADS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS || T == q::IQ2_XS ? 2 : 3)
+#else
 #define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS ? 2 : 3)
+#endif
 
 #define MATVEC_N(tag, T, N, BOUNDS)                                                                                 \
     extern "C" __global__ void BOUNDS                                                                               \
         matvec_##tag##_n##N(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,             \
                             const float* norm_w, float eps, const float* resid, float* y) {                          \
-        matvec_block<T, N, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, blockIdx.x);                      \
+        matvec_block<T, N, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, -1);                              \
     }                                                                                                               \
     extern "C" __global__ void BOUNDS                                                                               \
         matvec_swiglu_##tag##_n##N(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,        \
                                    const float* x, int n, const float* norm_w, float eps, float* y) {               \
-        matvec_block<T, N, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, blockIdx.x);                  \
+        matvec_block<T, N, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, -1);                          \
     }
 
 #define GATHER_DOT(tag, T, BOUNDS)                                                                                  \
