@@ -34,7 +34,7 @@ import zlib
 from types import SimpleNamespace
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_bench_model as mb  # (it also puts the repository on sys.path)
@@ -194,10 +194,8 @@ def _add_kv(w: GGUFWriter, key: str, value) -> None:
         w.add_float32(key, value)
     elif isinstance(value, str):
         w.add_string(key, value)
-    elif value and isinstance(value[0], bool):
-        w.add_key_value(key, list(value), GGUFValueType.ARRAY, GGUFValueType.BOOL)
-    else:
-        w.add_key_value(key, list(value), GGUFValueType.ARRAY, GGUFValueType.INT32)
+    else:  # gguf-py types an array by its first element: bool or int32
+        w.add_array(key, list(value))
 
 
 def _padded_vocab(vocab: list, n_vocab: int) -> list:

@@ -86,7 +86,7 @@ def matvec3(
     ptrs = [w.ptr for w in ws] + [w0.ptr] * pad
     row_bytes = [w.row_bytes for w in ws] + [w0.row_bytes] * pad
     rows = [w.rows for w in ws] + [0] * pad
-    outs = [y for y in ys] + [ys[0]] * pad
+    outs = [*ys] + [ys[0]] * pad
     fn = driver.module("matvec").fn(f"matvec3_{w0.tag}_n1")
     args = [*(ptr(p) for p in ptrs), *(i64(b) for b in row_bytes), *(i32(r) for r in rows), i32(w0.cols), ptr(x),
             ptr(norm_w), f32(eps), *(ptr(y) for y in outs)]  # fmt: skip
