@@ -103,11 +103,16 @@ def run_cli(argv: list[str], env: dict, cwd: str | None = None) -> tuple[dict, f
     t0 = time.perf_counter()
     p = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
     wall = (time.perf_counter() - t0) * 1000.0
-    lines = p.stdout.strip().splitlines()
-    result = json.loads(lines[-1]) if lines else {"error": p.stderr[-500:]}
+    return cli_result(p.stdout, p.stderr, " ".join(argv[2:4])), wall
+
+
+def cli_result(stdout: str, stderr: str, what: str) -> dict:
+    """An engine CLI process's JSON result (its last stdout line); a failed run raises with what it printed."""
+    lines = stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {"error": stderr[-500:]}
     if "error" in result:
-        raise RuntimeError(f"{' '.join(argv[2:4])} run failed: {result}")
-    return result, wall
+        raise RuntimeError(f"{what} run failed: {result}")
+    return result
 
 
 def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> tuple[dict, dict | None]:
@@ -127,9 +132,7 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> t
     for _ in range(runs):
         for name, args in jobs.items():
             r = meter.run(args, env=env)
-            result = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"error": r.stderr[-500:]}
-            if "error" in result:
-                raise RuntimeError(f"cold {name} run failed: {result}")
+            result = cli_result(r.stdout, r.stderr, f"cold {name}")
             phases = {k: v for k, v in result["cold_start"].items() if isinstance(v, float)}
             _collect(ours[name], phases, r)
         if peer is not None:
