@@ -21,7 +21,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
-from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, passes, use_matvec
+from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -196,8 +196,9 @@ class CudaModel:
         """Full-vocabulary logits of x rows [first, first + rows) (rows <= LOGIT_ROWS) into logits[:rows]."""
         c = self.cfg
         src = self.x.view(first * c.dim, (rows, c.dim))
-        if rows <= SMALL_BATCH:
-            return [km.matvec(self.output, src, rows, self.logits, norm_w=self.output_norm, eps=c.norm_eps)]
+        if use_matvec(rows):  # float32 math up to MATVEC_MAX rows, as every other matmul (the GEMM is TF32)
+            return [km.matvec(self.output, _rows(src, at, m), m, _rows(self.logits, at, m), norm_w=self.output_norm,
+                              eps=c.norm_eps) for at, m in passes(rows)]  # fmt: skip
         normed = self.normed.view(0, (rows, c.dim))
         return [knr.rmsnorm_rows(src, self.output_norm, c.norm_eps, normed, rows),
                 kg.gemm(self.output, normed, rows, self.logits)]  # fmt: skip
