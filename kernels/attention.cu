@@ -152,18 +152,46 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
     }
 }
 
+// out[h, :] for the heads of kv head g, from the partials of splits [0, active): M = max_s m_s, then in split order
+// o = sum_s w_s * part_o[h, s, :], L = sum_s w_s * l_s with w_s = exp(m_s - M) (0 for an empty split), out = o / L.
+// __ldcg: the partials were written by other blocks (visible through L2 after their fence), never through this L1.
+__device__ __forceinline__ void combine_heads(const float* part_o, const float* part_ml, int g, int G, int n_splits,
+                                              int active, int vd, float* __restrict__ out) {
+    for (int idx = threadIdx.x; idx < G * vd; idx += blockDim.x) {
+        const int h = g * G + idx / vd, e = idx % vd;
+        const float* ml = part_ml + (long long)h * n_splits * 2;
+        float M = neg_inf();
+        for (int s = 0; s < active; ++s) M = fmaxf(M, __ldcg(ml + 2 * s));
+        float o = 0.0f, L = 0.0f;
+        for (int s = 0; s < active; ++s) {
+            const float m = __ldcg(ml + 2 * s), w = m == neg_inf() ? 0.0f : expf(m - M);
+            o = fmaf(w, __ldcg(part_o + ((long long)h * n_splits + s) * vd + e), o);
+            L = fmaf(w, __ldcg(ml + 2 * s + 1), L);
+        }
+        out[(long long)h * vd + e] = o / L;
+    }
+}
+
 }  // namespace
 
-// grid (KVH, n_splits), block 128. Split s covers keys [s*chunk, min((s+1)*chunk, L)), L = *pos + 1.
+// grid (KVH, n_splits), block 128. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), DECODE_MIN_CHUNK) (one
+// 32-key tile per warp at least) and active = ceil(L / chunk) splits; split s < active covers keys
+// [s*chunk, min((s+1)*chunk, L)), the others return at once. The last block of kv head g to finish (a ticket from
+// counters[g], which it sets back to 0) combines the heads of g into out: no second launch, and the order of the
+// sum is fixed whatever order the blocks ran in.
+constexpr int DECODE_MIN_CHUNK = 128;
 extern "C" __global__ void __launch_bounds__(128, 3)
 attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
             const int* __restrict__ pos, int H, int KVH, int hd, int vd, float scale, int n_splits,
-            float* __restrict__ part_o, float* __restrict__ part_ml) {
+            float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
+            float* __restrict__ out) {
     __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
+    __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
     const int L = *pos + 1;
-    const int chunk = (L + n_splits - 1) / n_splits;
-    const int k0 = min(blockIdx.y * chunk, L), k1 = min(k0 + chunk, L);
+    const int chunk = max((L + n_splits - 1) / n_splits, DECODE_MIN_CHUNK), active = (L + chunk - 1) / chunk;
+    if (int(blockIdx.y) >= active) return;
+    const int k0 = blockIdx.y * chunk, k1 = min(k0 + chunk, L);
     const int G = H / KVH;
 #define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, k0, k1, part_o, \
                                             part_ml, sm)
@@ -175,25 +203,21 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, cons
         DECODE(2, 4);
     }
 #undef DECODE
+    __threadfence();  // this block's partials before its ticket
+    if (threadIdx.x == 0) ticket = atomicAdd(counters + blockIdx.x, 1);
+    __syncthreads();
+    if (ticket != active - 1) return;
+    __threadfence();
+    combine_heads(part_o, part_ml, blockIdx.x, G, n_splits, active, vd, out);
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // for the next launch
 }
 
 // out[h, :] = sum_s w_s * part_o[h, s, :] / sum_s w_s * l_s, with w_s = exp(m_s - max m). grid.x = H, block 128.
+// (MLA's split decode: kernels/mla.cu writes the partials of all n_splits splits.)
 extern "C" __global__ void __launch_bounds__(128)
 attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int H, int n_splits, int vd,
              float* __restrict__ out) {
-    const long long h = blockIdx.x;
-    const float* ml = part_ml + h * n_splits * 2;
-    float M = neg_inf();
-    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml[2 * s]);
-    for (int e = threadIdx.x; e < vd; e += 128) {
-        float o = 0.0f, L = 0.0f;
-        for (int s = 0; s < n_splits; ++s) {
-            const float w = ml[2 * s] == neg_inf() ? 0.0f : expf(ml[2 * s] - M);
-            o = fmaf(w, part_o[(h * n_splits + s) * vd + e], o);
-            L = fmaf(w, ml[2 * s + 1], L);
-        }
-        out[h * vd + e] = o / L;
-    }
+    combine_heads(part_o, part_ml, blockIdx.x, 1, n_splits, n_splits, vd, out);
 }
 
 // grid (ceil(n / 32), H), block 128, dynamic shared memory (2 * 32 * (hd + 4) + 32 * vd + 1056) * 4 bytes.

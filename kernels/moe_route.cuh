@@ -47,28 +47,17 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return m;
 }
 
-// The best expert not yet taken, by `before`; every thread gets it. bi = -1 only when none is left.
-__device__ __forceinline__ int block_best(const float* sel, const unsigned char* taken, int E, float* red_v,
-                                          int* red_i) {
-    constexpr int NW = ROUTE_THREADS / 32;
-    float bv = 0.f;
-    int bi = -1;
-    for (int e = threadIdx.x; e < E; e += ROUTE_THREADS)
-        if (!taken[e] && (bi < 0 || before(sel[e], e, bv, bi))) bv = sel[e], bi = e;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {  // `before` is a strict order: both lanes of a pair keep the same one
-        const float ov = __shfl_xor_sync(cm::FULL, bv, o);
-        const int oi = __shfl_xor_sync(cm::FULL, bi, o);
-        if (oi >= 0 && (bi < 0 || before(ov, oi, bv, bi))) bv = ov, bi = oi;
+// chosen[j] = the expert of rank j < k by `before` (a strict total order, so the ranks are 0..E-1, each once): the
+// first k of NumPy's stable argsort of -sel, as choosing the best not yet taken k times would give. Each thread ranks
+// its experts against all E (shared-memory broadcasts), with one barrier in all.
+__device__ __forceinline__ void top_k(const float* sel, int E, int k, int* chosen) {
+    for (int e = threadIdx.x; e < E; e += ROUTE_THREADS) {
+        const float v = sel[e];
+        int rank = 0;
+        for (int f = 0; f < E; ++f) rank += before(sel[f], f, v, e);
+        if (rank < k) chosen[rank] = e;
     }
-    if ((threadIdx.x & 31) == 0) red_v[threadIdx.x >> 5] = bv, red_i[threadIdx.x >> 5] = bi;
     __syncthreads();
-    bv = red_v[0], bi = red_i[0];
-#pragma unroll
-    for (int w = 1; w < NW; ++w)
-        if (red_i[w] >= 0 && (bi < 0 || before(red_v[w], red_i[w], bv, bi))) bv = red_v[w], bi = red_i[w];
-    __syncthreads();
-    return bi;
 }
 
 // Experts of groups outside the n_used best (by the sum of their two best scores) get -inf.
@@ -103,11 +92,10 @@ __device__ __forceinline__ void route_token(const float* __restrict__ logits, in
                                             float* __restrict__ w, float* __restrict__ sgate) {
     constexpr int NW = ROUTE_THREADS / 32;
     __shared__ float prob[MAX_EXPERTS], sel[MAX_EXPERTS];  // gating output; choice scores
-    __shared__ unsigned char taken[MAX_EXPERTS];
     __shared__ float gscore[MAX_GROUPS];
     __shared__ unsigned char gdrop[MAX_GROUPS];
-    __shared__ float red_v[NW], scratch[NW];
-    __shared__ int red_i[NW], chosen[MAX_K];
+    __shared__ float scratch[NW];
+    __shared__ int chosen[MAX_K];
     const int t = blockIdx.x, tid = threadIdx.x;
     const float* z = logits + (long long)t * E;
 
@@ -126,18 +114,10 @@ __device__ __forceinline__ void route_token(const float* __restrict__ logits, in
         s = cm::block_sum<NW>(s, scratch);
         for (int e = tid; e < E; e += ROUTE_THREADS) prob[e] = prob[e] / s;  // each thread its own entries
     }
-    for (int e = tid; e < E; e += ROUTE_THREADS) {
-        sel[e] = bias ? prob[e] + bias[e] : prob[e];
-        taken[e] = 0;
-    }
+    for (int e = tid; e < E; e += ROUTE_THREADS) sel[e] = bias ? prob[e] + bias[e] : prob[e];
     __syncthreads();
     if (n_groups > 1) drop_groups(sel, E, n_groups, n_groups_used, gscore, gdrop);
-
-    for (int j = 0; j < k; ++j) {
-        const int best = block_best(sel, taken, E, red_v, red_i);
-        if (tid == 0) chosen[j] = best, taken[best] = 1;  // k <= E: one is always left
-        __syncthreads();
-    }
+    top_k(sel, E, k, chosen);  // k <= E: every slot is filled
 
     // weights = probs of the chosen (/ max(sum, 2^-14), when norm) (* scale), in slot order.
     if (tid == 0) {

@@ -75,11 +75,12 @@ rmsnorm_rows(const float* x, const float* __restrict__ w, float eps, float* y, i
     for (int i = threadIdx.x; i < K; i += 256) yr[i] = (xr[i] * r) * w[i];
 }
 
-// One token per block (grid.x = n, block 256 = 8 warps). Token t sits at position p = *pos + t.
-// Heads are dealt to warps: head slot hh in [0, H + KVH) is a q head (hh < H, rewritten in place) or a k head
-// (written to k_cache[p, hh - H, :]). A warp copies its head (<= 256 values) into its own shared row, optionally
-// RMS-normalises it there, then writes the rotated values: rotation partners are read back from the shared row, so
-// in-place q works without a block barrier. v is copied to v_cache[p] unchanged.
+// Block (c, t) = 8 warps on token t (at position p = *pos + t), grid (ceil((H + KVH) / 8), n): warp w takes head slot
+// hh = 8c + w of [0, H + KVH), a q head (hh < H, rewritten in place) or a k head (written to k_cache[p, hh - H, :]),
+// so the heads of a token go in parallel, one memory round trip each. A warp copies its head (<= 256 values) into
+// its own shared row, optionally RMS-normalises it there, then writes the rotated values: rotation partners are read
+// back from the shared row, so in-place q works without a block barrier. The blocks of token t share out the copy of
+// v to v_cache[p], unchanged. Every block builds the same cos / sin table, so results do not depend on the split.
 extern "C" __global__ void __launch_bounds__(256)
 qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, int n, int H, int KVH, int hd, int vd,
            const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int rope_dim, float theta,
@@ -88,7 +89,7 @@ qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, i
            float* __restrict__ k_cache, float* __restrict__ v_cache) {
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
     __shared__ float row[8][256];       // one head per warp
-    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p = *pos + t;
     const int half = rope_dim >> 1;
 
@@ -96,7 +97,8 @@ qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, i
     __syncthreads();
 
     float* b = row[warp];
-    for (int hh = warp; hh < H + KVH; hh += 8) {
+    const int hh = blockIdx.x * 8 + warp;
+    if (hh < H + KVH) {
         const bool is_q = hh < H;
         const int head = is_q ? hh : hh - H;
         const float* src = is_q ? q + ((long long)t * H + head) * hd : k + ((long long)t * KVH + head) * hd;
@@ -126,11 +128,11 @@ qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, i
             }
             dst[j] = o;
         }
-        __syncwarp();  // the row is reused by this warp's next head
     }
 
     const long long kv = (long long)KVH * vd;  // floats per position of v and of v_cache
-    for (int i = threadIdx.x; i < KVH * vd; i += 256) v_cache[(long long)p * kv + i] = v[(long long)t * kv + i];
+    for (int i = blockIdx.x * 256 + threadIdx.x; i < KVH * vd; i += gridDim.x * 256)
+        v_cache[(long long)p * kv + i] = v[(long long)t * kv + i];
 }
 
 // MLA (deepseek2), one token per block (grid.x = n, block 256); token t sits at position p = *pos + t. The latent

@@ -37,9 +37,12 @@ def attn_decode(
     pos: DeviceArray,  # (1,) i32
     H: int, KVH: int, hd: int, vd: int, scale: float,
     n_splits: int,  # key splits: a fixed grid for every length (32..64 keep 4k keys flat-cost)
-    part_o: DeviceArray,  # (H, n_splits, vd) f32 out
-    part_ml: DeviceArray,  # (H, n_splits, 2) f32 out
+    part_o: DeviceArray,  # (H, n_splits, vd) f32 scratch: partial outputs
+    part_ml: DeviceArray,  # (H, n_splits, 2) f32 scratch: their max and sum
+    counters: DeviceArray,  # (KVH,) i32, zero before the first launch; every launch leaves it zero
+    out: DeviceArray,  # (H*vd,) f32 out
 ) -> Launch:  # fmt: skip
+    """One launch: the splits' partials, combined by the last block of each kv head (kernels/README.md)."""
     _heads(H, KVH, hd, vd)
     if n_splits < 1:
         raise CudaError(f"attn_decode: n_splits {n_splits} < 1")
@@ -48,14 +51,23 @@ def attn_decode(
     _cache(k_cache, v_cache, 1, KVH, hd, vd)
     need(part_o, "part_o", "f4", H * n_splits * vd)
     need(part_ml, "part_ml", "f4", H * n_splits * 2)
+    need(counters, "counters", "i4", KVH)
+    need(out, "out", "f4", H * vd)
     fn = driver.module("attention").fn("attn_decode")
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
-            i32(n_splits), ptr(part_o), ptr(part_ml)]  # fmt: skip
+            i32(n_splits), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out)]  # fmt: skip
     return Launch(fn, (KVH, n_splits), (128,), args)
 
 
+def split_counters(KVH: int) -> DeviceArray:
+    """attn_decode's tickets: (KVH,) i32, zeroed."""
+    c = DeviceArray.empty((KVH,), "i4")
+    c.fill_byte(0)
+    return c
+
+
 def attn_combine(part_o: DeviceArray, part_ml: DeviceArray, H: int, n_splits: int, vd: int, out: DeviceArray) -> Launch:
-    """out (H*vd,) f32 from attn_decode's partials: part_o (H, n_splits, vd), part_ml (H, n_splits, 2) f32."""
+    """out (H*vd,) f32 from split-key partials: part_o (H, n_splits, vd), part_ml (H, n_splits, 2) f32 (MLA's)."""
     need(part_o, "part_o", "f4", H * n_splits * vd)
     need(part_ml, "part_ml", "f4", H * n_splits * 2)
     need(out, "out", "f4", H * vd)

@@ -98,7 +98,7 @@ def qk_rope_kv(
     args = [ptr(q), ptr(k), ptr(v), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), ptr(q_norm), ptr(k_norm), f32(eps),
             i32(rope_dim), f32(theta), f32(freq_scale), *_yarn_args(yarn), ptr(freq_factors),
             i32(1 if rope_neox else 0), ptr(pos), ptr(k_cache), ptr(v_cache)]  # fmt: skip
-    return Launch(fn, (n,), (256,), args)
+    return Launch(fn, ((H + KVH + 7) // 8, n), (256,), args)  # 8 heads a block
 
 
 def mla_kv_rope(

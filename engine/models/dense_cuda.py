@@ -80,6 +80,7 @@ class CudaModel:
         self.hb2 = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32, only when gate/up types differ
         self.part_o = DeviceArray.empty((c.n_heads, N_SPLITS, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, N_SPLITS, 2))  # (H, splits, 2) f32
+        self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = DeviceArray.empty(kv_k)  # (layers, max_seq, KVH, hd) f32
@@ -119,8 +120,8 @@ class CudaModel:
             scale = 1.0 / math.sqrt(c.head_dim)
             if n == 1:
                 out.append(ka.attn_decode(self.q, kc, vc, self.pos, c.n_heads, c.n_kv_heads, c.head_dim,
-                                          c.value_dim, scale, N_SPLITS, self.part_o, self.part_ml))  # fmt: skip
-                out.append(ka.attn_combine(self.part_o, self.part_ml, c.n_heads, N_SPLITS, c.value_dim, self.att))
+                                          c.value_dim, scale, N_SPLITS, self.part_o, self.part_ml, self.tickets,
+                                          self.att))  # fmt: skip
             else:
                 out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
                                            c.value_dim, scale, self.att))  # fmt: skip

@@ -136,6 +136,7 @@ class CudaModel:
         self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
         self.part_o = DeviceArray.empty((c.n_heads, N_SPLITS, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, N_SPLITS, 2))  # (H, splits, 2) f32
+        self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
         self.k_cache = DeviceArray.empty((n_attn, self.max_seq, c.n_kv_heads, c.head_dim))  # f32
         self.v_cache = DeviceArray.empty((n_attn, self.max_seq, c.n_kv_heads, c.value_dim))  # f32
         # Gated DeltaNet.
@@ -298,8 +299,7 @@ class CudaModel:
         scale = 1.0 / math.sqrt(hd)
         if n == 1:
             out.append(ka.attn_decode(self.q, kc, vc, self.pos, H, KVH, hd, vd, scale, N_SPLITS, self.part_o,
-                                      self.part_ml))  # fmt: skip
-            out.append(ka.attn_combine(self.part_o, self.part_ml, H, N_SPLITS, vd, self.att))
+                                      self.part_ml, self.tickets, self.att))  # fmt: skip
         else:
             out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, H, KVH, hd, vd, scale, self.att))
         out.append(kd.sigmoid_mul(self.att, self.gate, n * H * vd))
