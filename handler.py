@@ -2,7 +2,10 @@
 generator, runs each job a step at a time on the engine thread (engine/worker/aio.py), so cancels and timeouts land
 within one decode step.
 
-Local modes (no GPU needed; the CPU backend answers):
+In the platform's queue (RUNPOD_WEBHOOK_GET_JOB set) the jobs come through engine/worker/job_loop.py, which speaks
+the SDK's protocol on the standard library; REFLEX_JOB_LOOP=sdk keeps the SDK's own loop.
+
+Local modes, through the SDK (no GPU needed; the CPU backend answers):
     python handler.py                                  # runs ./test_input.json
     python handler.py --test_input '{"input": {...}}'  # runs that job
     python handler.py --rp_serve_api --rp_api_port 8000 --rp_api_host 127.0.0.1   # POST /runsync, /run, /stream,
@@ -12,6 +15,7 @@ Job schemas, env settings and deployment: serverless/README.md.
 """
 
 import os
+import sys
 
 from engine import timing
 from engine.worker import serverless  # first: the cold-start clock and the SDK import thread need nothing else
@@ -26,11 +30,15 @@ if __name__ == "__main__" and os.environ.get("PORT") and not os.environ.get("RUN
     http.serve(Worker.load)  # /ping answers 204 while the model loads on a thread (engine/worker/http.py)
     raise SystemExit(0)
 
+# The platform's job queue: our job loop on the standard library (engine/worker/job_loop.py), no SDK import at all;
+# the SDK's loop for its local modes (--test_input, test_input.json, --rp_serve_api) and with REFLEX_JOB_LOOP=sdk.
+stdlib_loop = __name__ == "__main__" and serverless.stdlib_job_loop(sys.argv)
 _imports = serverless.RunpodImport(
     background=os.environ.get("REFLEX_RUNPOD_IMPORT") != "serial",
-    # the job schemas (pydantic): needed from the first job on
-    preload=("engine.worker.jobs", "engine.worker.openai_api"),
+    # the job loop, and the job schemas (pydantic): needed from the first job on
+    preload=(("engine.worker.job_loop",) if stdlib_loop else ()) + ("engine.worker.jobs", "engine.worker.openai_api"),
     warm=("jinja2", "jinja2.sandbox"),  # chat templates: imported while the worker waits for its first job
+    sdk=not stdlib_loop,
 )
 
 from engine.worker.aio import EngineThread  # noqa: E402 - after the background imports have started
@@ -40,7 +48,8 @@ timing.mark_imports_done()
 worker = Worker.load()
 engine_thread = EngineThread()
 runpod = _imports.wait()
-worker.boot.update(_imports.phases(), process_start_to_worker_ready_ms=timing.since_process_start_ms())
+worker.boot.update(_imports.phases(), job_loop="stdlib" if stdlib_loop else "sdk",
+                   process_start_to_worker_ready_ms=timing.since_process_start_ms())  # fmt: skip
 
 config = {"return_aggregate_stream": True}
 
@@ -55,5 +64,9 @@ async def handler(job):
 
 config["handler"] = handler
 
-if __name__ == "__main__":
+if __name__ == "__main__" and stdlib_loop:
+    from engine.worker import job_loop
+
+    job_loop.serve(config, fitness_checks=[worker.check_ready])
+elif __name__ == "__main__":
     serverless.start(runpod, config, worker)

@@ -1,8 +1,14 @@
-"""Cold starts of the Runpod worker beside the bare engine: N fresh `handler.py --test_input` processes (the SDK's
-local test mode runs one job and exits) and N fresh `python -m engine system1` processes on the same model and job,
-alternating; p50 / p95 of each process's own cold-start record and of the wall clock seen from outside.
+"""Cold starts of the Runpod worker beside the bare engine: N fresh worker processes and N fresh
+`python -m engine system1` processes on the same model and job, alternating; p50 / p95 of each process's own
+cold-start record and of the wall clock seen from outside.
 
-    python scripts/worker_cold.py MODEL.gguf [--runs 5] [--backend cuda]
+    python scripts/worker_cold.py MODEL.gguf [--runs 5] [--backend cuda] [--queue stdlib|sdk|both]
+
+Without --queue the worker is `handler.py --test_input` (the SDK's local test mode runs one job and exits). With
+--queue it is `python handler.py` in the platform's queue mode against a fake Runpod platform on loopback
+(engine/tools/fake_runpod.py) holding the job, through our job loop (`stdlib`), the SDK's (`sdk`, REFLEX_JOB_LOOP=sdk)
+or both in turn; there `external_first_take_ms` is spawn → the first job-take request and `external_wall_ms` spawn
+→ the result's arrival, as the platform sees them (elsewhere `external_wall_ms` is spawn → exit).
 
 Prints one JSON report. The worker's record has the SDK phases (`runpod_import_ms`, `runpod_import_wait_ms`,
 `process_start_to_worker_ready_ms`, `process_start_to_first_job_ms`) beside the engine's.
@@ -23,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from engine.tools import bench  # noqa: E402
+from engine.tools.fake_runpod import FakeRunpod  # noqa: E402
 
 PROMPT = "Question: is the sky blue on a clear day? Answer:"
 CANDIDATES = [" yes", " no", " maybe"]
@@ -51,6 +58,27 @@ def _worker(model: str, env: dict) -> tuple[dict, float]:
     raise RuntimeError(f"worker run failed (exit {p.returncode}): {(p.stdout + p.stderr)[-1500:]}")
 
 
+def _queue_worker(model: str, env: dict, loop: str) -> tuple[dict, float, dict]:
+    job = {"id": "cold", "input": {"prompt": PROMPT, "candidates": CANDIDATES}}
+    with FakeRunpod([job]) as platform:
+        worker_env = {**env, **platform.worker_env(), "MODEL_PATH": model, "REFLEX_JOB_LOOP": loop}
+        t0 = time.monotonic()  # the clock the platform stamps requests with
+        proc = subprocess.Popen([sys.executable, "handler.py"], cwd=ROOT, env=worker_env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            platform.wait_for(lambda: "cold" in platform.results, 600, alive=lambda: proc.poll() is None)
+        finally:
+            proc.terminate()
+            err = proc.communicate(timeout=60)[1]
+    result = platform.results.get("cold", {})
+    if "output" not in result:
+        raise RuntimeError(f"queue worker failed ({result or 'no result'}): {err[-1500:]}")
+    (output,) = result["output"]
+    first_take_ms = (platform.of_kind("take")[0].t - t0) * 1000.0
+    result_ms = (platform.of_kind("done")[0].t - t0) * 1000.0
+    return output["cold_start"], result_ms, {"external_first_take_ms": first_take_ms}
+
+
 def _engine(model: str, env: dict, backend: str | None) -> tuple[dict, float]:
     result, wall = bench.run_cli(bench.system1_argv(model, PROMPT, CANDIDATES, backend), env, cwd=ROOT)
     return result["cold_start"], wall
@@ -61,16 +89,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--backend", default=None)
+    ap.add_argument(
+        "--queue",
+        choices=("stdlib", "sdk", "both"),
+        default=None,
+        help="queue mode against a fake platform, through this job loop (default: --test_input mode)",
+    )
     args = ap.parse_args(argv)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.backend:
         env["REFLEX_BACKEND"] = args.backend
-    runs: dict[str, dict[str, list[float]]] = {"worker": {}, "engine": {}}
+    kinds = {"worker": lambda: (*_worker(args.model, env), {})}
+    if args.queue:
+        loops = ("stdlib", "sdk") if args.queue == "both" else (args.queue,)
+        kinds = {f"worker_queue_{loop}": (lambda loop=loop: _queue_worker(args.model, env, loop)) for loop in loops}
+    kinds["engine"] = lambda: (*_engine(args.model, env, args.backend), {})
+    runs: dict[str, dict[str, list[float]]] = {name: {} for name in kinds}
     for _ in range(args.runs):
-        for name, fn in (("worker", lambda: _worker(args.model, env)),
-                         ("engine", lambda: _engine(args.model, env, args.backend))):  # fmt: skip
-            record, wall = fn()
-            for k, v in record.items():
+        for name, fn in kinds.items():
+            record, wall, external = fn()
+            for k, v in {**record, **external}.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     runs[name].setdefault(k, []).append(float(v))
             runs[name].setdefault("external_wall_ms", []).append(wall)

@@ -1,4 +1,6 @@
 """Runpod glue for handler.py: the SDK imported off the cold path, outputs adapted to the SDK's rules, start-up.
+In the platform's queue mode the worker runs engine/worker/job_loop.py instead, and imports no SDK at all
+(`stdlib_job_loop` decides); what follows holds for the SDK's own modes and for REFLEX_JOB_LOOP=sdk.
 
 Facts about runpod-python 1.12.0 this module exists for (serverless/README.md has the long form):
 - `import runpod` costs ~1.5 s on a 2-core machine, ~1.1 s of it py-cpuinfo's `get_cpu_info()`, which
@@ -126,16 +128,18 @@ def import_job_loop() -> types.ModuleType:
 
 
 class RunpodImport:
-    """Imports for the worker, off the cold path: `import runpod.serverless`, then the `preload` modules (needed
-    before the first job), then — after `wait()` may already have returned — the `warm` ones (best effort, e.g.
-    jinja2 for the first chat job). With `background` False everything needed runs inside `wait()` instead.
+    """Imports for the worker, off the cold path: `import runpod.serverless` (unless `sdk` is False: the job loop on
+    the standard library needs no SDK), then the `preload` modules (needed before the first job), then — after
+    `wait()` may already have returned — the `warm` ones (best effort, e.g. jinja2 for the first chat job). With
+    `background` False everything needed runs inside `wait()` instead.
 
-    Phases: `runpod_import_ms` (the SDK import), `preload_ms`, and `runpod_import_wait_ms` (how long `wait()`
-    blocked: the part left on the serial path).
+    Phases: `runpod_import_ms` (the SDK import, 0 without it), `preload_ms`, and `runpod_import_wait_ms` (how long
+    `wait()` blocked: the part left on the serial path).
     """
 
-    def __init__(self, background: bool = True, preload: tuple[str, ...] = (), warm: tuple[str, ...] = ()):
-        self.background = background
+    def __init__(self, background: bool = True, preload: tuple[str, ...] = (), warm: tuple[str, ...] = (),
+                 sdk: bool = True):  # fmt: skip
+        self.background, self.sdk = background, sdk
         self.preload, self.warm = preload, warm
         self.module: types.ModuleType | None = None
         self.error: BaseException | None = None
@@ -149,9 +153,10 @@ class RunpodImport:
     def _needed(self) -> None:
         t0 = timing.now()
         try:
-            with _cheap_cpuinfo():
-                self.module = import_job_loop()
-            self.import_ms = timing.ms_since(t0)
+            if self.sdk:
+                with _cheap_cpuinfo():
+                    self.module = import_job_loop()
+                self.import_ms = timing.ms_since(t0)
             t1 = timing.now()
             for name in self.preload:
                 importlib.import_module(name)
@@ -167,7 +172,8 @@ class RunpodImport:
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
 
-    def wait(self) -> types.ModuleType:
+    def wait(self) -> types.ModuleType | None:
+        """The SDK (None without it), once it and the `preload` modules are imported."""
         t0 = timing.now()
         if not self.background:
             self._needed()
@@ -207,6 +213,19 @@ def local_test_mode(argv: list[str], env: dict | os._Environ = os.environ) -> bo
         return False
     given = any(a == "--test_input" or a.startswith("--test_input=") for a in argv)
     return given or not env.get("RUNPOD_WEBHOOK_GET_JOB")
+
+
+def stdlib_job_loop(argv: list[str], env: dict | os._Environ = os.environ) -> bool:
+    """True where the worker takes its jobs through engine/worker/job_loop.py rather than the SDK: the platform's
+    queue (RUNPOD_WEBHOOK_GET_JOB), none of the SDK's own modes or flags (`--test_input`, `--rp_serve_api`,
+    `--rp_debugger`..., RUNPOD_REALTIME_PORT), the SDK's automatic fitness checks off (they are SDK code), and not
+    REFLEX_JOB_LOOP=sdk."""
+    if env.get("REFLEX_JOB_LOOP", "stdlib") == "sdk" or local_test_mode(argv, env) or env.get("RUNPOD_REALTIME_PORT"):
+        return False
+    checks_off = all(
+        env.get(k, "").lower() == "true" for k in ("RUNPOD_SKIP_AUTO_SYSTEM_CHECKS", "RUNPOD_SKIP_GPU_CHECK")
+    )
+    return checks_off and not any(a.startswith(("--rp_", "--test_input")) for a in argv[1:])
 
 
 def collecting(handler: Callable) -> Callable:
