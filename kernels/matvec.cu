@@ -17,6 +17,7 @@
 // accesses stay inside the buffers, with no branches around the loads.
 #include "common.cuh"
 #include "quant.cuh"
+#include "quant_dot.cuh"
 
 namespace {
 
@@ -43,6 +44,10 @@ __device__ __forceinline__ void touch_rows(const uint8_t* (&rp)[RPT], int g, int
     for (int r = 0; r < RPT; ++r) rp[r] += z;
 }
 
+// The split form (quant_dot.cuh) for up to 4 tokens: at 8, the extra registers would spill.
+template <int T, int N>
+constexpr bool SPLIT_N = q::SPLIT<T> && N <= 4;
+
 // acc[t * RPT + r] += dot(row r values [8g, +8), token t values [8g, +8) times norm_w) for the RPT rows at rp.
 template <int T, int N, int RPT>
 __device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int g, const float* __restrict__ x,
@@ -62,14 +67,27 @@ __device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int g
                 xv[t][k] *= nw[k];
             }
     }
+    if constexpr (SPLIT_N<T, N>) {  // quant_dot.cuh: scale and offset once per group, no int-to-float conversions
+        float xs[N];
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-        float w[8];
-        q::Quant<T>::load8(rp[r], g, w);
+        for (int t = 0; t < N; ++t) xs[t] = q::SPLIT_MIN<T> ? q::sum8(xv[t]) : 0.f;
 #pragma unroll
-        for (int t = 0; t < N; ++t)
+        for (int r = 0; r < RPT; ++r) {
+            float o[N];
+            q::dot8<T, N>(rp[r], g, xv, xs, o);
 #pragma unroll
-            for (int k = 0; k < 8; ++k) acc[t * RPT + r] = fmaf(w[k], xv[t][k], acc[t * RPT + r]);
+            for (int t = 0; t < N; ++t) acc[t * RPT + r] += o[t];
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) {
+            float w[8];
+            q::Quant<T>::load8(rp[r], g, w);
+#pragma unroll
+            for (int t = 0; t < N; ++t)
+#pragma unroll
+                for (int k = 0; k < 8; ++k) acc[t * RPT + r] = fmaf(w[k], xv[t][k], acc[t * RPT + r]);
+        }
     }
 }
 
@@ -212,11 +230,19 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
     float acc = 0.f;
 #pragma unroll 4
     for (int g = lane; g < (K >> 3); g += 32) {
-        float w[8], xv[8];
-        q::Quant<T>::load8(row, g, w);
-        cm::load8f(xo + 8 * g, xv);
+        float xv[1][8];
+        cm::load8f(xo + 8 * g, xv[0]);
+        if constexpr (q::SPLIT<T>) {
+            const float xs[1] = {q::SPLIT_MIN<T> ? q::sum8(xv[0]) : 0.f};
+            float o[1];
+            q::dot8<T, 1>(row, g, xv, xs, o);
+            acc += o[0];
+        } else {
+            float w[8];
+            q::Quant<T>::load8(row, g, w);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc = fmaf(w[k], xv[k], acc);
+            for (int k = 0; k < 8; ++k) acc = fmaf(w[k], xv[0][k], acc);
+        }
     }
     acc = cm::warp_sum(acc);
     if (lane == 0) out[o] = acc;
@@ -231,6 +257,7 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 // as every kernel of the other types does.
 // IQ2_XS's swiglu spilled 4 bytes at 85 registers on sm_120 and asks for 2 there as well.
 #define MV_BOUNDS __launch_bounds__(THREADS)
+#define MV_BOUNDS_N1(T) __launch_bounds__(THREADS, q::SPLIT<T> ? 2 : 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
 #define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS || T == q::IQ2_XS ? 2 : 3)
 #else
@@ -257,14 +284,17 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
     }
 // matvec3 (one token, up to three matrices a launch): the common types only (k_matvec.has_matvec3).
 #define MATVEC3(tag, T)                                                                                             \
-    extern "C" __global__ void MV_BOUNDS                                                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                        \
         matvec3_##tag##_n1(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0, long long rb1,   \
                            long long rb2, int R0, int R1, int R2, int K, const float* x, const float* norm_w,       \
                            float eps, float* y0, float* y1, float* y2) {                                            \
         matvec3_block<T>(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2, K, x, norm_w, eps, y0, y1, y2);                      \
     }
+// The split-form 1-token matvec and swiglu kernels ask for 2 blocks an SM (at most 128 registers): under the plain
+// bound ptxas (nvcc 13.0) spilled 8 bytes of matvec_swiglu_q4_k_n1 on sm_86/89/120. matvec3 states a minimum of 1
+// block an SM: with 2, matvec3_q6_k_n1 spilled on sm_100/120, and with no minimum on sm_120.
 #define MATVEC_KERNELS(tag, T)                                                                                      \
-    MATVEC_N(tag, T, 1, MV_BOUNDS) MATVEC_N(tag, T, 2, MV_BOUNDS) MATVEC_N(tag, T, 4, MV_BOUNDS)                    \
+    MATVEC_N(tag, T, 1, MV_BOUNDS_N1(T)) MATVEC_N(tag, T, 2, MV_BOUNDS) MATVEC_N(tag, T, 4, MV_BOUNDS)                    \
     MATVEC_N(tag, T, 8, MV_BOUNDS) GATHER_DOT(tag, T, MV_BOUNDS) MATVEC3(tag, T)
 // The low-bit and codebook types: N = 1 and 8 only (2..7 tokens take the 8-token kernel, k_matvec.py).
 #define MATVEC_KERNELS_1_8(tag, T) \

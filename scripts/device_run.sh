@@ -71,7 +71,8 @@ for stage in $STAGES; do
     worker)
       m=bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
       python3 -m engine prepare "$m" > /dev/null 2>&1
-      timeout 300 python3 scripts/worker_cold.py "$m" --runs "${COLD_RUNS:-5}" --backend cuda > "$OUT/worker_cold.json" 2> "$OUT/worker.log"
+      timeout 300 python3 scripts/worker_cold.py "$m" --runs "${COLD_RUNS:-5}" --backend cuda --queue both \
+        > "$OUT/worker_cold.json" 2> "$OUT/worker.log"
       echo "worker exit $?"; tail -3 "$OUT/worker.log" ;;
     conformance)
       python3 scripts/conformance_report.py --backend cuda 2>&1 | tee "$OUT/conformance_cuda.md" ;;

@@ -21,7 +21,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
-from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
+from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, passes, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -30,7 +30,12 @@ from engine.models import specs
 from engine.models.moe_cuda import MoEFFN
 from engine.weights import group_by_layer, resolve
 
-LOGIT_ROWS = 64  # rows of full-vocabulary logits computed per chunk
+LOGIT_BYTES = 8 << 20  # the full-vocabulary logits buffer: rows computed per chunk, as many as fit (8 at least)
+
+
+def logit_rows(n_vocab: int) -> int:
+    """Rows of the logits buffer: 13 at Qwen3's 151,936 ids, 8 at Qwen3.5's 248,320."""
+    return max(SMALL_BATCH, LOGIT_BYTES // (4 * n_vocab))
 
 
 def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
@@ -85,7 +90,7 @@ class CudaModel:
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = DeviceArray.empty(kv_k)  # (layers, max_seq, KVH, hd) f32
         self.v_cache = DeviceArray.empty(kv_v)  # (layers, max_seq, KVH, vd) f32
-        self.logits = DeviceArray.empty((LOGIT_ROWS, c.n_vocab))  # (64, n_vocab) f32
+        self.logits = DeviceArray.empty((logit_rows(c.n_vocab), c.n_vocab))  # (rows, n_vocab) f32
         self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
 
     @property
@@ -194,7 +199,7 @@ class CudaModel:
     # -- heads ---------------------------------------------------------------------------------------------
 
     def head_logits(self, first: int, rows: int) -> list[Launch]:
-        """Full-vocabulary logits of x rows [first, first + rows) (rows <= LOGIT_ROWS) into logits[:rows]."""
+        """Full-vocabulary logits of x rows [first, first + rows) (rows <= logits.shape[0]) into logits[:rows]."""
         c = self.cfg
         src = self.x.view(first * c.dim, (rows, c.dim))
         if use_matvec(rows):  # float32 math up to MATVEC_MAX rows, as every other matmul (the GEMM is TF32)

@@ -123,7 +123,7 @@ class CudaModel:
         self.x = DeviceArray.empty((b, c.dim))  # residual stream (b, dim) f32
         self.xb = DeviceArray.empty((b, c.dim))  # normed rows for the GEMM path (b, dim) f32
         self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
-        self.logits = DeviceArray.empty((dense_cuda.LOGIT_ROWS, c.n_vocab))  # (64, n_vocab) f32
+        self.logits = DeviceArray.empty((dense_cuda.logit_rows(c.n_vocab), c.n_vocab))  # (rows, n_vocab) f32
         hidden = max(c.hidden_dim, 1)
         self.hb = DeviceArray.empty((b, hidden))  # (b, hidden) f32
         self.hb2 = DeviceArray.empty((b, hidden))  # (b, hidden) f32, only when gate/up types differ

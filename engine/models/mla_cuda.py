@@ -135,7 +135,7 @@ class CudaModel:
         self.part_o = DeviceArray.empty((H, N_SPLITS, R))  # (H, splits, R) f32
         self.part_ml = DeviceArray.empty((H, N_SPLITS, 2))  # (H, splits, 2) f32
         self.cache = DeviceArray.empty((c.n_layers, self.max_seq, D))  # (layers, max_seq, R+rope) f32
-        self.logits = DeviceArray.empty((dense_cuda.LOGIT_ROWS, c.n_vocab))  # (64, n_vocab) f32
+        self.logits = DeviceArray.empty((dense_cuda.logit_rows(c.n_vocab), c.n_vocab))  # (rows, n_vocab) f32
         self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
 
     @property
