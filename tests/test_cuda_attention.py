@@ -176,7 +176,7 @@ def test_attn_combine_matches_fold(seed: int) -> None:
     """attn_combine (MLA's split decode) over attn_decode's partials gives attn_decode's folded result."""
     rng = np.random.default_rng(seed)
     L, KVH, group, hd, n_splits = 1000, 2, 4, 128, 32
-    H, chunk = KVH * group, max(-(-L // n_splits), 128)  # attn_decode: DECODE_MIN_CHUNK keys a split at least
+    H, chunk = KVH * group, max(-(-L // n_splits), 32)  # attn_decode: DECODE_MIN_CHUNK keys a split at least
     active = -(-L // chunk)
     q = rng.standard_normal((1, H, hd)).astype(np.float32)
     k = rng.standard_normal((L, KVH, hd)).astype(np.float32)
