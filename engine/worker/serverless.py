@@ -37,6 +37,9 @@ ENV_DEFAULTS = {
     "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true",
     "RUNPOD_SKIP_GPU_CHECK": "true",
     "RUNPOD_LOG_LEVEL": "INFO",  # the SDK's default, DEBUG, logs every streamed chunk
+    # pydantic looks for plugins through every installed distribution's entry points on the first model it builds
+    # (the job schemas, on the cold path); the worker uses none
+    "PYDANTIC_DISABLE_PLUGINS": "__all__",
 }
 
 
