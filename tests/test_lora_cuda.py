@@ -1,8 +1,9 @@
 """LoRA on the CUDA backend against the NumPy backend on the same base and adapter: batched (GEMM), 8-token matvec
 passes and single-token decode rows, F32 and quantized bases, F32/F16 adapters of ranks that are and are not
 multiples of 32, several adapters at once, the dense, hybrid (Gated DeltaNet projections, gated attention, fused
-qwen3next inputs) and MLA families, and llama.cpp's logits on the F32 fixtures. The refusal of updates the CUDA
-models do not apply (the MoE FFN's router and experts, the LM head) needs no GPU."""
+qwen3next inputs), MLA and MoE families (router, expert stacks through the decode kernels and the grouped GEMM,
+shared expert), and llama.cpp's logits on the F32 fixtures. The refusal of updates the CUDA models do not apply (the
+LM head) needs no GPU."""
 
 from __future__ import annotations
 
@@ -107,10 +108,63 @@ def test_cuda_lora_of_the_hybrid_and_mla_families_matches_the_cpu_backend(tmp_pa
         assert abs(a["score"] - b["score"]) <= 1e-3
 
 
+# The MoE FFN's matrices (engine/models/moe_cuda.py LORA_TARGETS): router, expert stacks, shared expert. Per base
+# file, those it has (qwen3moe: no shared expert), beside one attention matrix.
+MOE_FFN = ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp",
+           "ffn_down_shexp"]  # fmt: skip
+MOE_TARGETS = {"qwen3moe": ["attn_q", *MOE_FFN[:4]], "deepseek2": MOE_FFN}
+
+
+def _moe_adapters(tmp_path, gf, targets: list[str], seed: int) -> list[tuple[str, float]]:
+    """Two adapters of `targets`: rank 8 F32 (rank_pad 32) and rank 40 F16 (rank_pad 64), so every adapted stack
+    takes two updates and the MoE scratch is as wide as the widest."""
+    out = []
+    for rank, dtype, scale in ((8, np.float32, 0.7), (40, np.float16, -0.5)):
+        pairs = lora_util.random_pairs(gf, targets, rank, seed + rank)
+        pairs = {k: (a.astype(dtype), b.astype(dtype)) for k, (a, b) in pairs.items()}
+        path = lora_util.write_adapter(tmp_path / f"m{rank}.gguf", gf.architecture, pairs, 2.0 * rank, dtype=dtype)
+        out.append((path, scale))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("base_name, targets", [
+    ("qwen3moe-tiny-f32", None), ("qwen3moe-tiny-q8_0", None), ("deepseek2-tiny-f32", None),
+    ("deepseek2-tiny-q8_0", None),
+    # one stack at a time: a gate (or up) update splits the fused SwiGLU; a down update alone keeps it
+    ("qwen3moe-tiny-f32", ["ffn_gate_exps"]), ("qwen3moe-tiny-f32", ["ffn_up_exps"]),
+    ("qwen3moe-tiny-f32", ["ffn_down_exps"]), ("deepseek2-tiny-f32", ["ffn_down_shexp", "ffn_gate_inp"]),
+])  # fmt: skip
+def test_cuda_lora_of_the_moe_family_matches_the_cpu_backend(tmp_path, base_name, targets):
+    base = C.fixture_path(base_name, ".gguf")
+    gf = read(base)
+    targets = targets or MOE_TARGETS[gf.architecture]
+    seed = int(np.random.default_rng().integers(2**31))
+    adapters = _moe_adapters(tmp_path, gf, targets, seed)
+    shorts = {t.short for a in open_adapters(adapters, gf) for t in a.tensors.values()}
+    assert shorts == set(targets)  # every listed matrix exists in the file and is adapted
+    cpu = Engine.load(base, backend="cpu", max_seq_len=128, lora=adapters)
+    cuda = Engine.load(base, backend="cuda", max_seq_len=128, lora=adapters)
+    plain = Engine.load(base, backend="cuda", max_seq_len=128)
+    assert cuda.backend == "cuda"
+    # the grouped expert GEMM (60 tokens), a 3-token matvec pass then decode steps, decode steps alone
+    for prefill in (len(PROMPT_IDS), 3, 1):
+        err, scale = _max_err(cpu, cuda, PROMPT_IDS, prefill)
+        tol = 1e-4 if base_name.endswith("f32") or prefill <= 48 else 5e-3
+        print(f"{base_name} {targets} prefill {prefill}: max abs {err:.3g}")
+        assert err <= tol * scale, (base_name, targets, prefill, err, seed)
+        assert _max_err(cpu, plain, PROMPT_IDS, prefill)[0] > 1e-2  # the adapters are applied
+    cands = [" Paris", " the city of lights"]
+    s_cpu, s_cuda = cpu.system1("The capital of France is", cands), cuda.system1("The capital of France is", cands)
+    for a, b in zip(s_cpu["candidates"], s_cuda["candidates"], strict=True):
+        assert abs(a["score"] - b["score"]) <= 1e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["qwen3next", "qwen3next-split", "qwen35moe"])
 def test_cuda_lora_of_synthetic_moe_hybrids_matches_the_cpu_backend(tmp_path, variant):
-    """The fused qwen3next inputs (ssm_in, ssm_ba) and the split ones, beside MoE FFN layers."""
+    """The fused qwen3next inputs (ssm_in, ssm_ba) and the split ones, and the MoE FFN layers' router, experts and
+    shared expert (whose output the router's sigmoid gate scales)."""
     from engine.cpu import lora as cpu_lora
     from engine.cuda import driver, load_runner
     from engine.cuda import lora as cuda_lora
@@ -122,7 +176,7 @@ def test_cuda_lora_of_synthetic_moe_hybrids_matches_the_cpu_backend(tmp_path, va
     path = synthetic.write(tmp_path / f"{variant}.gguf", arch, kv, random_tensors(cfg, MIXER_INPUTS[variant],
                                                                                  synthetic.Weights(17)))  # fmt: skip
     gf = read(path)
-    targets = [*MIXER_INPUTS[variant], "ssm_out", "attn_q", "attn_k", "attn_v", "attn_output"]
+    targets = [*MIXER_INPUTS[variant], "ssm_out", "attn_q", "attn_k", "attn_v", "attn_output", *MOE_FFN]
     adapter = lora_util.write_adapter(tmp_path / "a.gguf", arch, lora_util.random_pairs(gf, targets, 8, 5, 0.2), 8.0)
     adapters = open_adapters([(adapter, 0.8)], gf)
     cpu = synthetic.runner(path, max_seq=128)
@@ -133,14 +187,17 @@ def test_cuda_lora_of_synthetic_moe_hybrids_matches_the_cpu_backend(tmp_path, va
     plain = synthetic.logits(gpu, list(range(3, 63)), 60)
     cuda_lora.attach(gpu.model, adapters, gpu.stream)
     ids = np.random.default_rng(11).integers(0, 64, size=60).tolist()
-    for prefill in (60, 9, 1):
+    for prefill in (60, 9, 3, 1):  # GEMMs and the grouped expert GEMM (60, 9), matvec passes, decode
         want, got = synthetic.logits(cpu, ids, prefill), synthetic.logits(gpu, ids, prefill)
         assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (variant, prefill)
     assert np.abs(synthetic.logits(gpu, list(range(3, 63)), 60) - plain).max() > 1e-2
 
 
+LLAMA_CPP_FAMILIES = ("qwen3-", "qwen3moe-", "qwen35-", "deepseek2-")  # the fixtures' bases with a CUDA model
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fixture", sorted(f for f in FIXTURES if f.startswith(("qwen3-", "qwen35-", "deepseek2-"))))
+@pytest.mark.parametrize("fixture", sorted(f for f in FIXTURES if f.startswith(LLAMA_CPP_FAMILIES)))
 def test_cuda_lora_matches_llama_cpp(tmp_path, fixture):
     ref, npz, _ = load_fixture(fixture)
     engine = Engine.load(C.fixture_path(ref["base"], ".gguf"), backend="cuda", max_seq_len=128,
@@ -153,31 +210,25 @@ def test_cuda_lora_matches_llama_cpp(tmp_path, fixture):
 
 
 def test_updates_without_a_cuda_path_are_refused_before_the_upload(tmp_path):
+    """The LM head (deepseek2's is untied) is the one adaptable tensor no CUDA model adapts."""
     from engine.cuda import lora as cuda_lora
 
-    moe = C.fixture_path("qwen3moe-tiny-f32", ".gguf")
-    gf = read(moe)
-    pairs = lora_util.random_pairs(gf, ["ffn_gate_exps"], 4, seed=2)
-    path = lora_util.write_adapter(tmp_path / "exps.gguf", "qwen3moe", pairs, 4.0)
-    cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
-    with pytest.raises(UnsupportedArchitecture, match="no CUDA path") as info:
-        cuda_lora.check_supported(cfg, open_adapters([(path, 1.0)], gf))
+    gf = read(C.fixture_path("deepseek2-tiny-f32", ".gguf"))
+    pairs = lora_util.random_pairs(gf, ["output", "ffn_down_exps"], 4, seed=3)
+    path = lora_util.write_adapter(tmp_path / "output.gguf", gf.architecture, pairs, 4.0)
+    with pytest.raises(UnsupportedArchitecture, match=r"'output\.weight' has no CUDA path") as info:
+        cuda_lora.check_supported(ModelConfig.from_gguf(gf.metadata, gf.tensors), open_adapters([(path, 1.0)], gf))
     assert info.value.kind == "unsupported_architecture"
-    # MLA's routed experts and router, and its (untied) LM head
-    for short in ("ffn_down_exps", "ffn_gate_inp", "output"):
-        gf = read(C.fixture_path("deepseek2-tiny-f32", ".gguf"))
-        pairs = lora_util.random_pairs(gf, [short], 4, seed=3)
-        path = lora_util.write_adapter(tmp_path / f"{short}.gguf", gf.architecture, pairs, 4.0)
-        with pytest.raises(UnsupportedArchitecture, match=f"'{sorted(pairs)[0]}' has no CUDA path"):
-            cuda_lora.check_supported(ModelConfig.from_gguf(gf.metadata, gf.tensors), open_adapters([(path, 1.0)], gf))
 
 
-@pytest.mark.parametrize("arch, base", [("qwen35", "qwen35-tiny-f32"), ("deepseek2", "deepseek2-tiny-f32")])
-def test_the_hybrid_and_mla_cuda_models_accept_their_adapters(tmp_path, arch, base):
+@pytest.mark.parametrize("arch, base", [("qwen35", "qwen35-tiny-f32"), ("deepseek2", "deepseek2-tiny-f32"),
+                                        ("qwen3moe", "qwen3moe-tiny-f32")])  # fmt: skip
+def test_the_hybrid_mla_and_moe_cuda_models_accept_their_adapters(tmp_path, arch, base):
     from engine.cuda import lora as cuda_lora
 
     gf = read(C.fixture_path(base, ".gguf"))
-    for targets in (FAMILY_TARGETS[arch], lora_util.TARGETS[arch]):  # ours, and what the llama.cpp fixtures adapt
+    # ours, the MoE FFN's, and what the llama.cpp fixtures adapt
+    for targets in (FAMILY_TARGETS.get(arch, []) + MOE_TARGETS.get(arch, []), lora_util.TARGETS[arch]):
         path = lora_util.write_adapter(tmp_path / "a.gguf", arch, lora_util.random_pairs(gf, targets, 4, 1), 4.0)
         cuda_lora.check_supported(ModelConfig.from_gguf(gf.metadata, gf.tensors), open_adapters([(path, 1.0)], gf))
 

@@ -27,6 +27,7 @@ from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
 from engine.models import specs
+from engine.models.moe_cuda import LORA_TARGETS as MOE_LORA
 from engine.models.moe_cuda import MoEFFN
 from engine.weights import group_by_layer, resolve
 
@@ -45,8 +46,9 @@ def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
 
 
 class CudaModel:
-    # LoRA updates this model applies (engine/cuda/lora.py: two extra launches beside each adapted matmul).
-    LORA_TARGETS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})
+    # LoRA updates this model applies (engine/cuda/lora.py: two extra launches beside each adapted matmul; the MoE
+    # FFN's router, experts and shared expert: engine/models/moe_cuda.py).
+    LORA_TARGETS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) | MOE_LORA
     # State files (engine/state.py): the same K/V rows as the NumPy backend's KVCache, so states move between them.
     STATE_LAYOUT = "kv-f32/1"
 

@@ -37,6 +37,7 @@ from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
 from engine.errors import CudaError, UnsupportedArchitecture
 from engine.models import dense_cuda, specs
+from engine.models.moe_cuda import LORA_TARGETS as MOE_LORA
 from engine.models.moe_cuda import MoEFFN
 from engine.quants import GGMLType
 from engine.weights import group_by_layer, resolve
@@ -67,12 +68,13 @@ class CudaModel:
     # The LM head is the dense family's: the same buffers (x, normed, logits) and weights (output, output_norm).
     head_logits = dense_cuda.CudaModel.head_logits
     head_gather = dense_cuda.CudaModel.head_gather
-    # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one. The MoE FFN's
-    # router and experts have no CUDA LoRA path (engine/cuda/lora.check_supported refuses them).
+    # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one (the MoE FFN's
+    # router, experts and shared expert: engine/models/moe_cuda.py).
     _matmul = dense_cuda.CudaModel._matmul
     _matmuls = dense_cuda.CudaModel._matmuls
-    LORA_TARGETS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ssm_in", "ssm_ba",
-                              "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate", "ffn_up", "ffn_down"})  # fmt: skip
+    LORA_TARGETS = MOE_LORA | frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ssm_in",
+                                         "ssm_ba", "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate", "ffn_up",
+                                         "ffn_down"})  # fmt: skip
     # State files: k, v (n_attn, n, KVH, hd), conv (n_rec, K-1, conv_dim), ssm (n_rec, H_v, Dk, Dv) f32, the NumPy
     # HybridCache's arrays. None (no state files) when Dv is not a multiple of 32: the F32 GEMM transposes ssm.
     STATE_LAYOUT: str | None = "hybrid-f32/1"

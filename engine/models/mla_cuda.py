@@ -34,6 +34,7 @@ from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
 from engine.errors import UnsupportedArchitecture
 from engine.models import dense_cuda, specs
+from engine.models.moe_cuda import LORA_TARGETS as MOE_LORA
 from engine.models.moe_cuda import MoEFFN
 from engine.quants import row_bytes
 from engine.weights import group_by_layer, resolve
@@ -64,11 +65,11 @@ class CudaModel:
     # State files (engine/state.py): the NumPy backend's LatentCache rows, so states move between the backends.
     STATE_LAYOUT = "latent-f32/1"
     # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one: not the
-    # per-head attn_k_b / attn_v_b (not adaptable: engine/lora.py), nor the MoE FFN's router and experts.
+    # per-head attn_k_b / attn_v_b (not adaptable: engine/lora.py); the MoE FFN's: engine/models/moe_cuda.py.
     _matmul = dense_cuda.CudaModel._matmul
     _matmuls = dense_cuda.CudaModel._matmuls
     LORA_TARGETS = frozenset({"attn_q", "attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_output", "ffn_gate", "ffn_up",
-                              "ffn_down"})  # fmt: skip
+                              "ffn_down"}) | MOE_LORA  # fmt: skip
 
     def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
         m = cfg.mla

@@ -8,22 +8,37 @@ Per MoE layer, for n tokens:
   n <= 8 : moe_gate_up (every chosen expert of every token, one launch), moe_down (weighted sum + shared + residual);
   n >  8 : moe_group (rows sorted by expert), moe_gather, grouped GEMMs gate/up and down, moe_combine.
 Expert ids never leave the device, so a decode step stays one CUDA graph. Weights stay in their GGUF stacks.
+
+LoRA (engine/cuda/lora.py): the router's and the shared expert's updates are the dense family's two launches beside
+the matmul. An expert stack's update is a stack of F32 pairs A_e (rank_pad, in), B'_e (out, rank_pad) run by the same
+MoE kernels over the same expert ids, one row per routed item:
+  gate / up (the fused SwiGLU split: gate and up as plain products, the deltas added, then swiglu_f32):
+    n <= 8 : t = moe_gate_up(A) ; h += moe_down(B', t) with k = 1 and unit weights (each item its own "token")
+    n >  8 : t = moe_gemm(A) ; d = moe_gemm(B', t) ; h += d (lora_add_f32), over the tile list
+  down: x += sum_j w_j B'_e (A_e h_j), a second weighted sum over the low-rank part:
+    n <= 8 : t = moe_gate_up(A, k = 1) ; moe_down(B', t)
+    n >  8 : t = moe_gemm(A) ; xp = moe_gemm(B', t) ; moe_combine
 """
 
 from __future__ import annotations
 
+import array
 import weakref
 
 from engine.config import ModelConfig
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_gemm as kg
+from engine.cuda import k_lora, k_moe, memory
 from engine.cuda import k_matvec as km
-from engine.cuda import k_moe
 from engine.cuda import k_norm_rope as knr
 from engine.cuda.dispatch import SMALL_BATCH, passes, use_matvec
 from engine.cuda.driver import Launch
+from engine.cuda.lora import NO_LORA, DeviceLora, Pair
 from engine.cuda.memory import DeviceArray, DeviceWeight
 
+# The MoE FFN's matrices that may carry a LoRA update (a model's LORA_TARGETS include them when it has MoE layers).
+LORA_TARGETS = frozenset({"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp",
+                          "ffn_up_shexp", "ffn_down_shexp"})  # fmt: skip
 _SCRATCH: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
@@ -32,11 +47,20 @@ def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
     return a.view(at * width, (m, width))
 
 
-def _matmul(w: DeviceWeight, x: DeviceArray, n: int, y: DeviceArray) -> list[Launch]:
-    """y[:n] = w . x[:n]: matvec passes of <= 8 tokens, or the GEMM (as the dense family chooses)."""
+def _matmul(w: DeviceWeight, x: DeviceArray, n: int, y: DeviceArray, lora: DeviceLora,
+            resid: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
+    """y[:n] = (resid +) w . x[:n]: matvec passes of <= 8 tokens, or the GEMM (as the dense family chooses); then
+    each LoRA update of w: t = A . x[:n], y[:n] += B' . t."""
     if not use_matvec(n):
-        return [kg.gemm(w, x, n, y)]
-    return [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m)) for at, m in passes(n)]
+        out = [kg.gemm(w, x, n, y, resid=resid)]
+    else:
+        out = [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), resid=None if resid is None else _rows(resid, at, m))
+               for at, m in passes(n)]  # fmt: skip
+    for pair in lora.of(w.name):
+        t = lora.scratch(pair)
+        out += _matmul(pair.a, x, n, t, NO_LORA)
+        out += _matmul(pair.b, t, n, y, NO_LORA, resid=y)
+    return out
 
 
 class _Scratch:
@@ -65,6 +89,9 @@ class _Scratch:
             self.perm_tok = DeviceArray.empty((items,), "i4")  # token of permuted row p (b*k,) i32
             self.inv = DeviceArray.empty((items,), "i4")  # permuted row of item t*k + j (b*k,) i32
             self.tiles = DeviceArray.empty((k_moe.max_tiles(items, m.n_experts), 3), "i4")  # (e, start, end) i32
+        self.lt: DeviceArray | None = None  # expert LoRA: A_e . x per item (b*k, rank_pad) f32 (lora_buffers)
+        self.ones: DeviceArray | None = None  # unit weights (b*k,) f32
+        self.ld: DeviceArray | None = None  # B'_e . t per item, grouped path (b*k, F) f32
 
     @classmethod
     def of(cls, cfg: ModelConfig, b: int) -> _Scratch:
@@ -75,12 +102,30 @@ class _Scratch:
         return s
 
     def second_buffers(self, experts: bool, shared: bool) -> None:
-        """The up-projection buffers a layer with differing gate/up types needs (allocated at load)."""
+        """The up-projection buffers a layer whose gate/up run apart needs (allocated at load)."""
         m, b = self.cfg.moe, self.xn.shape[0]
         if experts and self.h2 is None:
             self.h2 = DeviceArray.empty(self.h.shape)  # (b*k, F) f32
         if shared and self.hs2 is None:
             self.hs2 = DeviceArray.empty((b, m.shared_hidden_dim))  # (b, S) f32
+
+    def lora_buffers(self, rank_pad: int, gate_up: bool) -> None:
+        """The buffers of expert-stack LoRA updates up to rank_pad wide (allocated at load, grown to the widest):
+        lt (b*k, rank_pad) A_e . x per item; with gate/up updates, ones (b*k,) unit weights (decode) and, on the
+        grouped path, ld (b*k, F) the delta B'_e . t before it is added."""
+        items = self.h.shape[0]
+        if self.lt is None or self.lt.shape[1] < rank_pad:
+            self.lt = DeviceArray.empty((items, rank_pad))  # (b*k, rank_pad) f32
+        if gate_up and self.ones is None:
+            self.ones = DeviceArray.empty((items,))  # (b*k,) f32, all 1.0
+            host = array.array("f", [1.0]) * items
+            memory.memcpy(self.ones.ptr, host.buffer_info()[0], 4 * items, memory.H2D)
+        if gate_up and self.ld is None and self.xn.shape[0] > SMALL_BATCH:
+            self.ld = DeviceArray.empty(self.h.shape)  # (b*k, F) f32
+
+    def lora_t(self, pair: Pair) -> DeviceArray:
+        """lt viewed as (b*k, pair.rank_pad)."""
+        return self.lt.view(0, (self.h.shape[0], pair.rank_pad))
 
 
 class MoEFFN:
@@ -96,10 +141,26 @@ class MoEFFN:
         if self.moe.shared_hidden_dim:
             self.shexp = (L["ffn_gate_shexp"], L["ffn_up_shexp"], L["ffn_down_shexp"])
         self.ffn_gate_inp_shexp = L.get("ffn_gate_inp_shexp")  # (dim,) f32 or None
+        # gate and up run apart (two products and a SwiGLU) when their types differ, or when a LoRA update adds to one
         self.split_experts = self.ffn_gate_exps.ggml_type != self.ffn_up_exps.ggml_type
         self.split_shared = self.shexp is not None and self.shexp[0].ggml_type != self.shexp[1].ggml_type
         self.s = _Scratch.of(cfg, max_batch)
         self.s.second_buffers(self.split_experts, self.split_shared)
+        self.lora = NO_LORA  # use_lora replaces it before the first launch list is built
+
+    def use_lora(self, lora: DeviceLora) -> None:
+        """Apply the model's LoRA updates of this layer's router, experts and shared expert (engine/cuda/lora.attach,
+        at load): splits the fused SwiGLUs an update adds to and allocates the scratch the updates need."""
+        self.lora = lora
+        stacks = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
+        widest = max((p.rank_pad for w in stacks for p in lora.of(w.name)), default=0)
+        gate_up = bool(lora.of(self.ffn_gate_exps.name) or lora.of(self.ffn_up_exps.name))
+        self.split_experts = self.split_experts or gate_up
+        if self.shexp is not None:
+            self.split_shared = self.split_shared or any(lora.of(w.name) for w in self.shexp[:2])
+        self.s.second_buffers(self.split_experts, self.split_shared)
+        if widest:
+            self.s.lora_buffers(widest, gate_up)
 
     def launches(self, x: DeviceArray, n: int, norm_w: DeviceArray) -> list[Launch]:
         """x[:n] += MoE(RMSNorm(x[:n]) * norm_w), routed + shared experts, residual added in place."""
@@ -114,7 +175,7 @@ class MoEFFN:
     def _part(self, x: DeviceArray, n: int, norm_w: DeviceArray) -> list[Launch]:
         s, m = self.s, self.moe
         out = [knr.rmsnorm_rows(x, norm_w, self.cfg.norm_eps, s.xn, n)]
-        out += _matmul(self.ffn_gate_inp, s.xn, n, s.logits)
+        out += _matmul(self.ffn_gate_inp, s.xn, n, s.logits, self.lora)
         gate = self.ffn_gate_inp_shexp if self.shexp is not None else None
         out.append(k_moe.route(s.logits, n, m.n_experts, m.n_experts_used, s.ids, s.wts,
                                sigmoid=m.gating == "sigmoid", bias=self.exp_probs_b, n_groups=m.n_groups,
@@ -127,15 +188,15 @@ class MoEFFN:
         """ys[:n] = the shared expert of xn (its gate is applied where the routed experts are summed)."""
         if self.shexp is None:
             return []
-        s, (gate, up, down) = self.s, self.shexp
+        s, lora, (gate, up, down) = self.s, self.lora, self.shexp
         if self.split_shared:
-            out = _matmul(gate, s.xn, n, s.hs) + _matmul(up, s.xn, n, s.hs2)
+            out = _matmul(gate, s.xn, n, s.hs, lora) + _matmul(up, s.xn, n, s.hs2, lora)
             out.append(kel.swiglu(s.hs, s.hs2, s.hs, n * gate.rows))
         elif use_matvec(n):
             out = [km.matvec_swiglu(gate, up, _rows(s.xn, at, c), c, _rows(s.hs, at, c)) for at, c in passes(n)]
         else:
             out = [kg.gemm_swiglu(gate, up, s.xn, n, s.hs)]
-        return out + _matmul(down, s.hs, n, s.ys)
+        return out + _matmul(down, s.hs, n, s.ys, lora)
 
     def _shared_args(self) -> dict:
         if self.shexp is None:
@@ -145,28 +206,58 @@ class MoEFFN:
     def _small(self, x: DeviceArray, n: int) -> list[Launch]:
         s, k = self.s, self.moe.n_experts_used
         items = n * k
+        gate, up, down = self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
         if self.split_experts:
-            out = [k_moe.gate_up(self.ffn_gate_exps, None, s.xn, s.ids, k, items, s.h),
-                   k_moe.gate_up(self.ffn_up_exps, None, s.xn, s.ids, k, items, s.h2),
-                   kel.swiglu(s.h, s.h2, s.h, items * self.ffn_gate_exps.rows)]  # fmt: skip
+            out = [k_moe.gate_up(gate, None, s.xn, s.ids, k, items, s.h), *self._small_lora_in(gate, items, s.h),
+                   k_moe.gate_up(up, None, s.xn, s.ids, k, items, s.h2), *self._small_lora_in(up, items, s.h2),
+                   kel.swiglu(s.h, s.h2, s.h, items * gate.rows)]  # fmt: skip
         else:
-            out = [k_moe.gate_up(self.ffn_gate_exps, self.ffn_up_exps, s.xn, s.ids, k, items, s.h)]
-        out.append(k_moe.down(self.ffn_down_exps, s.h, s.ids, s.wts, k, n, x, **self._shared_args()))
+            out = [k_moe.gate_up(gate, up, s.xn, s.ids, k, items, s.h)]
+        out.append(k_moe.down(down, s.h, s.ids, s.wts, k, n, x, **self._shared_args()))
+        for pair in self.lora.of(down.name):  # x[t] += sum_j w_j B'_e (A_e h_j): item p's A_e . h[p] (k = 1), summed
+            t = s.lora_t(pair)
+            out += [k_moe.gate_up(pair.a, None, s.h, s.ids, 1, items, t), k_moe.down(pair.b, t, s.ids, s.wts, k, n, x)]
+        return out
+
+    def _small_lora_in(self, w: DeviceWeight, items: int, y: DeviceArray) -> list[Launch]:
+        """y[p] += B'_e (A_e xn[p / k]), e = ids[p], for each update of the gate or up stack w (n <= 8). moe_down with
+        k = 1 and unit weights takes each item for a token of its own, so it adds B'_e . t[p] to row p."""
+        s, k, out = self.s, self.moe.n_experts_used, []
+        for pair in self.lora.of(w.name):
+            t = s.lora_t(pair)
+            out += [k_moe.gate_up(pair.a, None, s.xn, s.ids, k, items, t),
+                    k_moe.down(pair.b, t, s.ids, s.ones, 1, items, y)]  # fmt: skip
         return out
 
     def _grouped(self, x: DeviceArray, n: int) -> list[Launch]:
         s, m = self.s, self.moe
         k, e = m.n_experts_used, m.n_experts
         items = n * k
+        gate, up, down = self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
         out = [k_moe.group(s.ids, items, k, e, s.offsets, s.perm_tok, s.inv, s.tiles),
                k_moe.gather(s.xn, self.cfg.dim, s.perm_tok, items, s.xp)]  # fmt: skip
         if self.split_experts:
-            out += [k_moe.gemm(self.ffn_gate_exps, s.xp, s.tiles, items, e, s.h),
-                    k_moe.gemm(self.ffn_up_exps, s.xp, s.tiles, items, e, s.h2),
-                    kel.swiglu(s.h, s.h2, s.h, items * self.ffn_gate_exps.rows)]  # fmt: skip
+            out += [k_moe.gemm(gate, s.xp, s.tiles, items, e, s.h), *self._grouped_lora_in(gate, items, s.h),
+                    k_moe.gemm(up, s.xp, s.tiles, items, e, s.h2), *self._grouped_lora_in(up, items, s.h2),
+                    kel.swiglu(s.h, s.h2, s.h, items * gate.rows)]  # fmt: skip
         else:
-            out.append(k_moe.gemm_swiglu(self.ffn_gate_exps, self.ffn_up_exps, s.xp, s.tiles, items, e, s.h))
-        # The down projections overwrite xp: its gathered rows are dead once gate/up have read them.
-        out.append(k_moe.gemm(self.ffn_down_exps, s.h, s.tiles, items, e, s.xp))
+            out.append(k_moe.gemm_swiglu(gate, up, s.xp, s.tiles, items, e, s.h))
+        # The down projections overwrite xp: its gathered rows are dead once gate/up have read them. Each update of
+        # down is its own weighted sum: xp[p] = B'_e (A_e h[p]), combined into x before the base's.
+        for pair in self.lora.of(down.name):
+            t = s.lora_t(pair)
+            out += [k_moe.gemm(pair.a, s.h, s.tiles, items, e, t), k_moe.gemm(pair.b, t, s.tiles, items, e, s.xp),
+                    k_moe.combine(s.xp, s.inv, s.wts, n, k, self.cfg.dim, x)]  # fmt: skip
+        out.append(k_moe.gemm(down, s.h, s.tiles, items, e, s.xp))
         out.append(k_moe.combine(s.xp, s.inv, s.wts, n, k, self.cfg.dim, x, **self._shared_args()))
+        return out
+
+    def _grouped_lora_in(self, w: DeviceWeight, items: int, y: DeviceArray) -> list[Launch]:
+        """y[p] += B'_e (A_e xp[p]) over the tile list, for each update of the gate or up stack w (n > 8): the GEMM
+        writes its product, so the delta goes through ld and lora_add_f32."""
+        s, e, out = self.s, self.moe.n_experts, []
+        for pair in self.lora.of(w.name):
+            t, d = s.lora_t(pair), s.ld.view(0, (items, w.rows))
+            out += [k_moe.gemm(pair.a, s.xp, s.tiles, items, e, t), k_moe.gemm(pair.b, t, s.tiles, items, e, d),
+                    k_lora.add(y, d, items * w.rows)]  # fmt: skip
         return out
