@@ -174,25 +174,24 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
 
 }  // namespace
 
-// grid (KVH, n_splits), block 128. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), DECODE_MIN_CHUNK) (one
-// 32-key tile at least) and active = ceil(L / chunk) splits; split s < active covers keys [s*chunk, min((s+1)*chunk,
-// L)), the others return at once. The last block of kv head g to finish (a ticket from counters[g], which it sets back
-// to 0) combines the heads of g into out: no second launch, and the order of the sum is fixed whatever order the
-// blocks ran in. (H200, 2026-12-01: with 128 keys a split at least, a 65-key decode of the 30B-A3B shape (4 kv heads,
-// 8 q heads each) ran in 4 blocks and took 15.9 us, against 12.5 us for 32 tiny splits plus a combine launch.)
-constexpr int DECODE_MIN_CHUNK = 32;
+// grid (KVH, n_splits), block 128. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), min_chunk) and active =
+// ceil(L / chunk) splits; split s < active covers keys [s*chunk, min((s+1)*chunk, L)).
+// With counters (the fold): the other splits return at once, and the last block of kv head g to finish (a ticket from
+// counters[g], which it sets back to 0) combines the heads of g into out over splits [0, active): no second launch,
+// and the order of the sum is fixed whatever order the blocks ran in. Without (counters null): every split writes its
+// partials (empty ones m = -inf, l = 0) for attn_combine over all n_splits. dispatch.decode_attention picks.
 extern "C" __global__ void __launch_bounds__(128, 3)
 attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-            const int* __restrict__ pos, int H, int KVH, int hd, int vd, float scale, int n_splits,
+            const int* __restrict__ pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk,
             float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
             float* __restrict__ out) {
     __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
     __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
     const int L = *pos + 1;
-    const int chunk = max((L + n_splits - 1) / n_splits, DECODE_MIN_CHUNK), active = (L + chunk - 1) / chunk;
-    if (int(blockIdx.y) >= active) return;
-    const int k0 = blockIdx.y * chunk, k1 = min(k0 + chunk, L);
+    const int chunk = max((L + n_splits - 1) / n_splits, min_chunk), active = (L + chunk - 1) / chunk;
+    if (counters && int(blockIdx.y) >= active) return;
+    const int k0 = min(int(blockIdx.y) * chunk, L), k1 = min(k0 + chunk, L);
     const int G = H / KVH;
 #define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, k0, k1, part_o, \
                                             part_ml, sm)
@@ -204,6 +203,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, cons
         DECODE(2, 4);
     }
 #undef DECODE
+    if (!counters) return;
     __threadfence();  // this block's partials before its ticket
     if (threadIdx.x == 0) ticket = atomicAdd(counters + blockIdx.x, 1);
     __syncthreads();

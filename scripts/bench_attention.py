@@ -81,9 +81,15 @@ def main() -> None:
         for splits in (32, 64):
             po, pml = DeviceArray.empty((H, splits, HD)), DeviceArray.empty((H, splits, 2))
             tickets = ka.split_counters(KVH)
-            ms = timed([ka.attn_decode(q1, kc, vc, pos, H, KVH, HD, HD, scale, splits, po, pml, tickets, att)], stream)
-            gbs = L * KVH * 2 * HD * 4 / ms[0] / 1e6
-            row(f"attn_decode (combine folded) L={L} splits={splits}", ms, f"{gbs:.0f} GB/s of K/V")
+            for fold in (True, False):
+                launches = ([ka.attn_decode(q1, kc, vc, pos, H, KVH, HD, HD, scale, splits, po, pml, tickets, att,
+                                            min_chunk=128)] if fold else
+                            [ka.attn_decode(q1, kc, vc, pos, H, KVH, HD, HD, scale, splits, po, pml),
+                             ka.attn_combine(po, pml, H, splits, HD, att)])  # fmt: skip
+                ms = timed(launches, stream)
+                gbs = L * KVH * 2 * HD * 4 / ms[0] / 1e6
+                what = "folded" if fold else "+ combine"
+                row(f"attn_decode {what} L={L} splits={splits}", ms, f"{gbs:.0f} GB/s of K/V")
 
     V = 151936  # LM-like logits: a broad tail and a few dozen likely tokens
     host = (rng.standard_normal(V) * 2.0).astype(np.float32)

@@ -158,37 +158,28 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
     k = rng.standard_normal((L, KVH, hd)).astype(np.float32)
     v = rng.standard_normal((L, KVH, vd)).astype(np.float32)
     kc, vc = cache_with(k, L + 9), cache_with(v, L + 9)  # rows >= L are NaN and must not be read
-    part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
-    dq, pos, tickets = dev(q), dev(np.array([L - 1]), np.int32), ka.split_counters(KVH)
-    launch = ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, tickets, out)
-    run(launch)
-    ctx = f"L={L} group={group} hd={hd} vd={vd} splits={n_splits} seed {seed}"
+    dq, pos = dev(q), dev(np.array([L - 1]), np.int32)
     ref = attention64(q, k, v, L - 1, scale)[0]
-    first = out.to_host()
-    np.testing.assert_allclose(first, ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
-    assert (tickets.to_host() == 0).all(), f"{ctx}: tickets not reset"
-    out.copy_from_host(np.full((H, vd), np.nan, np.float32))
-    run(launch)  # the same launch again (as a graph replays it): the same bits, whichever block came last
-    assert np.array_equal(out.to_host(), first), ctx
-
-
-def test_attn_combine_matches_fold(seed: int) -> None:
-    """attn_combine (MLA's split decode) over attn_decode's partials gives attn_decode's folded result."""
-    rng = np.random.default_rng(seed)
-    L, KVH, group, hd, n_splits = 1000, 2, 4, 128, 32
-    H, chunk = KVH * group, max(-(-L // n_splits), 32)  # attn_decode: DECODE_MIN_CHUNK keys a split at least
-    active = -(-L // chunk)
-    q = rng.standard_normal((1, H, hd)).astype(np.float32)
-    k = rng.standard_normal((L, KVH, hd)).astype(np.float32)
-    v = rng.standard_normal((L, KVH, hd)).astype(np.float32)
-    kc, vc = cache_with(k, L), cache_with(v, L)
-    part_o, part_ml = poisoned((H, n_splits, hd)), poisoned((H, n_splits, 2))
-    out, out2 = poisoned((H, hd)), poisoned((H, hd))
-    pos, tickets = dev(np.array([L - 1]), np.int32), ka.split_counters(KVH)
-    run(ka.attn_decode(dev(q), kc, vc, pos, H, KVH, hd, hd, 1 / np.sqrt(hd), n_splits, part_o, part_ml, tickets, out))
-    po, pml = part_o.to_host()[:, :active].copy(), part_ml.to_host()[:, :active].copy()
-    run(ka.attn_combine(dev(po), dev(pml), H, active, hd, out2))
-    assert np.array_equal(out.to_host(), out2.to_host())
+    for min_chunk in (1, 32, 128):
+        ctx = f"L={L} group={group} hd={hd} vd={vd} splits={n_splits} min_chunk={min_chunk} seed {seed}"
+        # folded: one launch, the last block of each kv head combines
+        part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
+        tickets = ka.split_counters(KVH)
+        launch = ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, tickets, out,
+                                min_chunk=min_chunk)  # fmt: skip
+        run(launch)
+        first = out.to_host()
+        np.testing.assert_allclose(first, ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
+        assert (tickets.to_host() == 0).all(), f"{ctx}: tickets not reset"
+        out.copy_from_host(np.full((H, vd), np.nan, np.float32))
+        run(launch)  # the same launch again (as a graph replays it): the same bits, whichever block came last
+        assert np.array_equal(out.to_host(), first), ctx
+        # partials for attn_combine: every split written, empty ones too
+        part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
+        run(ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, min_chunk=min_chunk))
+        assert not np.isnan(part_o.to_host()).any() and not np.isnan(part_ml.to_host()).any(), ctx
+        run(ka.attn_combine(part_o, part_ml, H, n_splits, vd, out))
+        np.testing.assert_allclose(out.to_host(), ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
 
 
 @pytest.mark.parametrize("L", [1, 7, 33, 1000, 4096])
@@ -197,6 +188,17 @@ def test_attn_combine_matches_fold(seed: int) -> None:
 def test_attn_decode(L: int, group: int, hd: int, seed: int) -> None:
     for n_splits in (1, 5, 32, 64):
         check_decode(L, group, hd, hd, n_splits, seed)
+
+
+def test_decode_launches_follow_the_dispatch_rule() -> None:
+    """Fewer than 8 q heads a kv head: one folded launch; 8 or more: split partials and attn_combine."""
+    kc, vc, pos = DeviceArray.empty((64, 2, 64)), DeviceArray.empty((64, 2, 64)), dev(np.array([9]), np.int32)
+    for group, names in ((2, ["attn_decode"]), (8, ["attn_decode", "attn_combine"])):
+        H = 2 * group
+        q, out = DeviceArray.empty((H * 64,)), DeviceArray.empty((H * 64,))
+        part_o, part_ml = DeviceArray.empty((H, 32, 64)), DeviceArray.empty((H, 32, 2))
+        launches = ka.decode_launches(q, kc, vc, pos, H, 2, 64, 64, 0.125, part_o, part_ml, ka.split_counters(2), out)
+        assert [launch.name.split(".")[-1] for launch in launches] == names, group
 
 
 @pytest.mark.parametrize("L, group, hd, vd, n_splits", [(300, 3, 96, 96, 16), (129, 16, 128, 128, 8),

@@ -8,7 +8,7 @@ of 4. Positions are in device memory (`pos`, one int32), so a launch built once 
 
 from __future__ import annotations
 
-from engine.cuda import driver
+from engine.cuda import dispatch, driver
 from engine.cuda.driver import Launch, f32, i32, ptr
 from engine.cuda.memory import DeviceArray, need
 from engine.errors import CudaError
@@ -37,26 +37,45 @@ def attn_decode(
     pos: DeviceArray,  # (1,) i32
     H: int, KVH: int, hd: int, vd: int, scale: float,
     n_splits: int,  # key splits: a fixed grid for every length (32..64 keep 4k keys flat-cost)
-    part_o: DeviceArray,  # (H, n_splits, vd) f32 scratch: partial outputs
-    part_ml: DeviceArray,  # (H, n_splits, 2) f32 scratch: their max and sum
-    counters: DeviceArray,  # (KVH,) i32, zero before the first launch; every launch leaves it zero
-    out: DeviceArray,  # (H*vd,) f32 out
+    part_o: DeviceArray,  # (H, n_splits, vd) f32: partial outputs
+    part_ml: DeviceArray,  # (H, n_splits, 2) f32: their max and sum
+    counters: DeviceArray | None = None,  # (KVH,) i32, zero before the first launch (every launch leaves it zero)
+    out: DeviceArray | None = None,  # (H*vd,) f32 out, with counters
+    min_chunk: int = 1,  # keys a split at least
 ) -> Launch:  # fmt: skip
-    """One launch: the splits' partials, combined by the last block of each kv head (kernels/README.md)."""
+    """With counters and out: one launch, the splits combined by the last block of each kv head; without: the
+    partials, for attn_combine (kernels/README.md; dispatch.decode_attention chooses)."""
     _heads(H, KVH, hd, vd)
-    if n_splits < 1:
-        raise CudaError(f"attn_decode: n_splits {n_splits} < 1")
+    if n_splits < 1 or min_chunk < 1:
+        raise CudaError(f"attn_decode: n_splits {n_splits} and min_chunk {min_chunk} must be >= 1")
+    if (counters is None) != (out is None):
+        raise CudaError("attn_decode: counters and out come together (the folded combine)")
     need(q, "q", "f4", H * hd, aligned=True)
     need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, 1, KVH, hd, vd)
     need(part_o, "part_o", "f4", H * n_splits * vd)
     need(part_ml, "part_ml", "f4", H * n_splits * 2)
-    need(counters, "counters", "i4", KVH)
-    need(out, "out", "f4", H * vd)
+    if counters is not None:
+        need(counters, "counters", "i4", KVH)
+        need(out, "out", "f4", H * vd)
     fn = driver.module("attention").fn("attn_decode")
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
-            i32(n_splits), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out)]  # fmt: skip
+            i32(n_splits), i32(min_chunk), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out)]  # fmt: skip
     return Launch(fn, (KVH, n_splits), (128,), args)
+
+
+def decode_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, pos: DeviceArray, H: int, KVH: int,
+                    hd: int, vd: int, scale: float, part_o: DeviceArray, part_ml: DeviceArray, counters: DeviceArray,
+                    out: DeviceArray) -> list[Launch]:  # fmt: skip
+    """One decode token's attention into out (H*vd,) f32 over N_SPLITS key splits, folded or with attn_combine as
+    dispatch.decode_attention picks for the head grouping; part_o / part_ml / counters as attn_decode takes them."""
+    fold, min_chunk = dispatch.decode_attention(H, KVH)
+    n = dispatch.N_SPLITS
+    if fold:
+        return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n, part_o, part_ml, counters, out,
+                            min_chunk=min_chunk)]  # fmt: skip
+    return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n, part_o, part_ml, min_chunk=min_chunk),
+            attn_combine(part_o, part_ml, H, n, vd, out)]  # fmt: skip
 
 
 def split_counters(KVH: int) -> DeviceArray:

@@ -126,9 +126,8 @@ class CudaModel:
                                      self.pos, kc, vc, yarn=yarn))  # fmt: skip
             scale = 1.0 / math.sqrt(c.head_dim)
             if n == 1:
-                out.append(ka.attn_decode(self.q, kc, vc, self.pos, c.n_heads, c.n_kv_heads, c.head_dim,
-                                          c.value_dim, scale, N_SPLITS, self.part_o, self.part_ml, self.tickets,
-                                          self.att))  # fmt: skip
+                out += ka.decode_launches(self.q, kc, vc, self.pos, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
+                                          scale, self.part_o, self.part_ml, self.tickets, self.att)  # fmt: skip
             else:
                 out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
                                            c.value_dim, scale, self.att))  # fmt: skip

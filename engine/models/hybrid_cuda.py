@@ -300,8 +300,8 @@ class CudaModel:
                                  self.pos, kc, vc))  # fmt: skip
         scale = 1.0 / math.sqrt(hd)
         if n == 1:
-            out.append(ka.attn_decode(self.q, kc, vc, self.pos, H, KVH, hd, vd, scale, N_SPLITS, self.part_o,
-                                      self.part_ml, self.tickets, self.att))  # fmt: skip
+            out += ka.decode_launches(self.q, kc, vc, self.pos, H, KVH, hd, vd, scale, self.part_o, self.part_ml,
+                                      self.tickets, self.att)  # fmt: skip
         else:
             out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, H, KVH, hd, vd, scale, self.att))
         out.append(kd.sigmoid_mul(self.att, self.gate, n * H * vd))
