@@ -67,28 +67,10 @@ __device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int g
                 xv[t][k] *= nw[k];
             }
     }
-    if constexpr (SPLIT_N<T, N>) {  // quant_dot.cuh: scale and offset once per group, no int-to-float conversions
-        float xs[N];
+    float xs[N];  // quant_dot.cuh's split form: the x sums, once for all RPT rows
+    q::xsums<T, N>(xv, xs);
 #pragma unroll
-        for (int t = 0; t < N; ++t) xs[t] = q::SPLIT_MIN<T> ? q::sum8(xv[t]) : 0.f;
-#pragma unroll
-        for (int r = 0; r < RPT; ++r) {
-            float o[N];
-            q::dot8<T, N>(rp[r], g, xv, xs, o);
-#pragma unroll
-            for (int t = 0; t < N; ++t) acc[t * RPT + r] += o[t];
-        }
-    } else {
-#pragma unroll
-        for (int r = 0; r < RPT; ++r) {
-            float w[8];
-            q::Quant<T>::load8(rp[r], g, w);
-#pragma unroll
-            for (int t = 0; t < N; ++t)
-#pragma unroll
-                for (int k = 0; k < 8; ++k) acc[t * RPT + r] = fmaf(w[k], xv[t][k], acc[t * RPT + r]);
-        }
-    }
+    for (int r = 0; r < RPT; ++r) q::dot8_acc<T, N, RPT, SPLIT_N<T, N>>(rp[r], g, xv, xs, &acc[r]);
 }
 
 // Per-thread partial dot products of the block's rows with N tokens, reduced over each warp into
@@ -230,19 +212,10 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
     float acc = 0.f;
 #pragma unroll 4
     for (int g = lane; g < (K >> 3); g += 32) {
-        float xv[1][8];
+        float xv[1][8], xs[1];
         cm::load8f(xo + 8 * g, xv[0]);
-        if constexpr (q::SPLIT<T>) {
-            const float xs[1] = {q::SPLIT_MIN<T> ? q::sum8(xv[0]) : 0.f};
-            float o[1];
-            q::dot8<T, 1>(row, g, xv, xs, o);
-            acc += o[0];
-        } else {
-            float w[8];
-            q::Quant<T>::load8(row, g, w);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) acc = fmaf(w[k], xv[0][k], acc);
-        }
+        q::xsums<T, 1>(xv, xs);
+        q::dot8_acc<T, 1>(row, g, xv, xs, &acc);
     }
     acc = cm::warp_sum(acc);
     if (lane == 0) out[o] = acc;

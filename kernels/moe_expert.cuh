@@ -41,43 +41,22 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
     const uint8_t* u = Wu ? Wu + off : g;
     const float* xt = x + (long long)(p / k) * K;
     float a = 0.f, b = 0.f;
-    if (q::SPLIT<T> && Wu) {  // quant_dot.cuh's split form
+    if (Wu) {  // quant_dot.cuh: the split form where the type has one
 #pragma unroll 2
         for (int q = lane; q < (K >> 3); q += 32) {
-            float xv[1][8], og[1], ou[1];
+            float xv[1][8], xs[1];
             cm::load8f(xt + 8 * q, xv[0]);
-            const float xs[1] = {q::SPLIT_MIN<T> ? q::sum8(xv[0]) : 0.f};
-            q::dot8<T, 1>(g, q, xv, xs, og);
-            q::dot8<T, 1>(u, q, xv, xs, ou);
-            a += og[0], b += ou[0];
-        }
-    } else if (q::SPLIT<T>) {
-#pragma unroll 2
-        for (int q = lane; q < (K >> 3); q += 32) {
-            float xv[1][8], og[1];
-            cm::load8f(xt + 8 * q, xv[0]);
-            const float xs[1] = {q::SPLIT_MIN<T> ? q::sum8(xv[0]) : 0.f};
-            q::dot8<T, 1>(g, q, xv, xs, og);
-            a += og[0];
-        }
-    } else if (Wu) {
-#pragma unroll 2
-        for (int q = lane; q < (K >> 3); q += 32) {
-            float xv[8], wg[8], wu[8];
-            cm::load8f(xt + 8 * q, xv);
-            q::Quant<T>::load8(g, q, wg);
-            q::Quant<T>::load8(u, q, wu);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) a = fmaf(wg[i], xv[i], a), b = fmaf(wu[i], xv[i], b);
+            q::xsums<T, 1>(xv, xs);
+            q::dot8_acc<T, 1>(g, q, xv, xs, &a);
+            q::dot8_acc<T, 1>(u, q, xv, xs, &b);
         }
     } else {
 #pragma unroll 2
         for (int q = lane; q < (K >> 3); q += 32) {
-            float xv[8], wg[8];
-            cm::load8f(xt + 8 * q, xv);
-            q::Quant<T>::load8(g, q, wg);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) a = fmaf(wg[i], xv[i], a);
+            float xv[1][8], xs[1];
+            cm::load8f(xt + 8 * q, xv[0]);
+            q::xsums<T, 1>(xv, xs);
+            q::dot8_acc<T, 1>(g, q, xv, xs, &a);
         }
     }
     a = cm::warp_sum(a);
@@ -109,20 +88,10 @@ __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long ro
 #pragma unroll 2
     for (int i = lo + lane; i < hi; i += 32) {
         const int j = i / G, q = i - j * G;
-        float d = 0.f;
-        if constexpr (q::SPLIT<T>) {  // quant_dot.cuh's split form
-            float hv[1][8], o[1];
-            cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
-            const float hs[1] = {q::SPLIT_MIN<T> ? q::sum8(hv[0]) : 0.f};
-            q::dot8<T, 1>(Wr + eoff[j], q, hv, hs, o);
-            d = o[0];
-        } else {
-            float wv[8], hv[8];
-            q::Quant<T>::load8(Wr + eoff[j], q, wv);
-            cm::load8f(ht + (long long)j * K + 8 * q, hv);
-#pragma unroll
-            for (int c = 0; c < 8; ++c) d = fmaf(wv[c], hv[c], d);
-        }
+        float hv[1][8], hs[1], d = 0.f;  // quant_dot.cuh: the split form where the type has one
+        cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
+        q::xsums<T, 1>(hv, hs);
+        q::dot8_acc<T, 1>(Wr + eoff[j], q, hv, hs, &d);
         acc = fmaf(wt[j], d, acc);
     }
     acc = cm::warp_sum(acc);

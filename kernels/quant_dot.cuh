@@ -4,7 +4,7 @@
 // with the group's small integers q_k, scale d and offset m (0 for Q6_K and Q8_0) as quant.cuh decodes them: the
 // scale and offset multiply once per group instead of once per value, and each q_k reaches float without an
 // int-to-float conversion (a quarter-rate instruction on sm_90): its byte goes into the low mantissa of 2^23, and
-// 2^23 (plus the type's bias) is subtracted, which is exact for q_k < 256. The caller passes the x sums (xs).
+// 2^23 (plus the type's bias) is subtracted, which is exact for q_k < 256. The caller passes the x sums (xsums).
 // Every product and the sums are float32; only the order of the sum differs from dequantize-then-dot. The other
 // types dequantize with Quant<T>::load8 and take the plain dot.
 #pragma once
@@ -68,11 +68,23 @@ __device__ __forceinline__ void split8<Q8_0>(const uint8_t* row, int g, float (&
     for (int i = 0; i < 4; ++i) qv[i] = byte_f(v0, i, 128.0f), qv[4 + i] = byte_f(v1, i, 128.0f);
 }
 
-// out[t] = dot(row values [8g, +8), xv[t]) for t < N; xs[t] = sum of xv[t] (read only when SPLIT_MIN<T>).
+// xs[t] = sum of xv[t]'s 8 values, in a fixed order, where dot8_acc reads it (SPLIT_MIN<T>); 0 otherwise.
 template <int T, int N>
-__device__ __forceinline__ void dot8(const uint8_t* row, int g, const float (&xv)[N][8], const float (&xs)[N],
-                                     float (&out)[N]) {
-    if constexpr (SPLIT<T>) {
+__device__ __forceinline__ void xsums(const float (&xv)[N][8], float (&xs)[N]) {
+#pragma unroll
+    for (int t = 0; t < N; ++t)
+        xs[t] = SPLIT_MIN<T> ? ((xv[t][0] + xv[t][1]) + (xv[t][2] + xv[t][3])) +
+                                   ((xv[t][4] + xv[t][5]) + (xv[t][6] + xv[t][7]))
+                             : 0.f;
+}
+
+// acc[t * S] += dot(row values [8g, +8), xv[t]) for t < N (N accumulators S apart), xs from xsums. USE_SPLIT (the
+// default where the type has it): the split form, the group's dot added once; otherwise Quant<T>::load8 and one fma
+// a value into each accumulator.
+template <int T, int N, int S = 1, bool USE_SPLIT = SPLIT<T>>
+__device__ __forceinline__ void dot8_acc(const uint8_t* row, int g, const float (&xv)[N][8], const float (&xs)[N],
+                                         float* acc) {
+    if constexpr (USE_SPLIT) {
         float qv[8], d, m;
         split8<T>(row, g, qv, d, m);
 #pragma unroll
@@ -80,24 +92,16 @@ __device__ __forceinline__ void dot8(const uint8_t* row, int g, const float (&xv
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < 8; ++k) s = fmaf(qv[k], xv[t][k], s);
-            out[t] = SPLIT_MIN<T> ? fmaf(d, s, -m * xs[t]) : d * s;
+            acc[t * S] += SPLIT_MIN<T> ? fmaf(d, s, -m * xs[t]) : d * s;
         }
     } else {
         float w[8];
         Quant<T>::load8(row, g, w);
 #pragma unroll
-        for (int t = 0; t < N; ++t) {
-            float s = 0.0f;
+        for (int t = 0; t < N; ++t)
 #pragma unroll
-            for (int k = 0; k < 8; ++k) s = fmaf(w[k], xv[t][k], s);
-            out[t] = s;
-        }
+            for (int k = 0; k < 8; ++k) acc[t * S] = fmaf(w[k], xv[t][k], acc[t * S]);
     }
-}
-
-// sum of the 8 values (for dot8's xs), in a fixed order.
-__device__ __forceinline__ float sum8(const float (&v)[8]) {
-    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
 }  // namespace q
