@@ -28,25 +28,22 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
 }
 
 #define MOE_GEMM_BOUNDS __launch_bounds__(gemm::THREADS, 2)  // as gemm.cu: room for the double-buffered stage
-// sm_100's ptxas (nvcc 13.0) spills moe_gate_up_q4_k under the plain bound (8 bytes) while choosing only 40
-// registers; asking for 3 blocks per SM makes it use 80 and spill nothing. Other archs keep the plain bound.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 1000
-#define MOE_GATE_UP_BOUNDS __launch_bounds__(moe::MV_THREADS, 3)
-#else
-#define MOE_GATE_UP_BOUNDS __launch_bounds__(moe::MV_THREADS)
-#endif
+// gate_up runs matvec_block.cuh's block, under matvec.cu's 1-token bound: 2 blocks an SM (at most 128 registers) for
+// the split-form types, else the plain bound. (The warp-a-row kernel before it spilled on sm_100 under the plain
+// bound and asked for 3.)
+#define MOE_GATE_UP_BOUNDS(T) __launch_bounds__(moe::MV_THREADS, q::SPLIT<T> ? 2 : 1)
 
 // The low-bit and codebook types' decode kernels ask for a minimum of blocks an SM on every arch, gate_up 2 (at most
 // 128 registers: Q3_K's takes ~100) and down 3: under the plain bound ptxas (nvcc 13.0) gave moe_gate_up_iq3_s 64
 // registers on sm_120 and spilled 24 bytes (and moe_down_iq2_s, before moe_down took 4 warps a row, 40 on sm_90);
 // bounded, none spills.
 #define MOE_DOWN_BOUNDS __launch_bounds__(moe::MV_THREADS)
-#define MOE_LOWBIT_GATE_UP_BOUNDS __launch_bounds__(moe::MV_THREADS, 2)
+#define MOE_LOWBIT_GATE_UP_BOUNDS(T) __launch_bounds__(moe::MV_THREADS, 2)
 #define MOE_LOWBIT_DOWN_BOUNDS __launch_bounds__(moe::MV_THREADS, 3)
 
 #define MOE_KERNELS(tag, T, GATE_UP_BOUNDS, DOWN_BOUNDS)                                                              \
     /* y[p, r] = silu(Wg_e[r] . x[p / k]) * (Wu_e[r] . x[p / k]) (Wu null: Wg_e[r] . x[p / k]), e = ids[p] */         \
-    extern "C" __global__ void GATE_UP_BOUNDS                                                                         \
+    extern "C" __global__ void GATE_UP_BOUNDS(T)                                                                      \
         moe_gate_up_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R,   \
                           int K, const float* x, const int* ids, int k, float* y) {                                   \
         moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y);                                         \

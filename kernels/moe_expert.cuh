@@ -8,7 +8,8 @@
 // has a fixed order, so results do not depend on scheduling (no float atomics).
 //
 // gate_up: item p = blockIdx.y is slot p % k of token p / k; y[p] = silu(Wg_e . x) * (Wu_e . x), or Wg_e . x alone
-//   when Wu is null (gate and up of different types: two launches and a SwiGLU).
+//   when Wu is null (gate and up of different types: two launches and a SwiGLU). Each block is matvec_block.cuh's
+//   (8 rows, weights staged through shared memory) on expert e's matrices.
 // down: block (row block, token t) sums the token's k slots in slot order, weighted, plus the optional shared
 //   expert (times its gate), into the residual: x[t] += sum_j w_j * (W_{e_j} . h[t*k + j]) + g_t * shared[t].
 //   A row's (slot, group) pairs are split over DOWN_WPR warps in contiguous quarters (each lane-strided), and the
@@ -22,6 +23,7 @@
 #include "common.cuh"
 #include "moe_route.cuh"  // MAX_K
 #include "quant.cuh"
+#include "matvec_block.cuh"
 #include "quant_dot.cuh"
 
 namespace moe {
@@ -34,34 +36,68 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
                                         long long row_bytes, long long expert_bytes, int R, int K,
                                         const float* __restrict__ x, const int* __restrict__ ids, int k,
                                         float* __restrict__ y) {
-    const int lane = threadIdx.x & 31, r = blockIdx.x * MV_ROWS + (threadIdx.x >> 5), p = blockIdx.y;
-    if (r >= R) return;  // whole warps: no shuffle below loses a lane
-    const long long off = ids[p] * expert_bytes + r * row_bytes;
-    const uint8_t* g = Wg + off;
-    const uint8_t* u = Wu ? Wu + off : g;
+    const int p = blockIdx.y;
+    const long long off = ids[p] * expert_bytes;
     const float* xt = x + (long long)(p / k) * K;
-    float a = 0.f, b = 0.f;
-    if (Wu) {  // quant_dot.cuh: the split form where the type has one
-#pragma unroll 2
-        for (int q = lane; q < (K >> 3); q += 32) {
-            float xv[1][8], xs[1];
-            cm::load8f(xt + 8 * q, xv[0]);
-            q::xsums<T, 1>(xv, xs);
-            q::dot8_acc<T, 1>(g, q, xv, xs, &a);
-            q::dot8_acc<T, 1>(u, q, xv, xs, &b);
+    float* yp = y + (long long)p * R;
+    __shared__ __align__(16) uint8_t buf[mv::STAGE_BYTES<T, 2>];  // either branch's staging
+    if (Wu)
+        mv::matvec_block_in<T, 1, 2>(Wg + off, Wu + off, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
+    else
+        mv::matvec_block_in<T, 1, 1>(Wg + off, Wg + off, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
+}
+
+// down's quantized rows, staged (stage.cuh): the warp's pairs [lo, hi) go in passes, each the run of whole blocks of
+// consecutive slots' rows that fits DOWN_STAGE bytes; a pass's segments (one a slot) are copied at once, then its
+// pairs are lane-strided over them. acc += w_j * (row_j . h_j) over the pairs.
+constexpr int DOWN_STAGE = 4096, DOWN_SEGS = 16;  // bytes and segments a warp stages at a time
+
+template <int T>
+__device__ __forceinline__ void down_staged(const uint8_t* Wr, const long long* eoff, const float* wt, int G, int K,
+                                            const float* ht, int lo, int hi, float& acc) {
+    using Q = q::Quant<T>;
+    constexpr int GPB = Q::QK / 8;  // groups a block
+    __shared__ __align__(16) uint8_t buf[MV_THREADS / 32][DOWN_STAGE];
+    __shared__ int seg_off[MV_THREADS / 32][DOWN_SEGS];  // where segment s's first block landed in the warp's buffer
+    __shared__ int seg_g0[MV_THREADS / 32][DOWN_SEGS];   // and that block's first group in its row
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint8_t* wb = buf[warp];
+    for (int i = lo; i < hi;) {  // warp-uniform
+        int e = i, off = 0, ns = 0;
+        while (e < hi && ns < DOWN_SEGS) {
+            const int j = e / G, q0 = e - j * G, b0 = q0 / GPB;
+            int q1 = min(G, q0 + (hi - e)), nblk = (q1 + GPB - 1) / GPB - b0;
+            const int room = (DOWN_STAGE - off - 32) / Q::BYTES;  // whole blocks that still fit
+            if (nblk > room) {
+                if (room <= 0) break;  // never on an empty buffer: DOWN_STAGE holds a block
+                nblk = room;
+                q1 = (b0 + nblk) * GPB;
+            }
+            const uint8_t* src = Wr + eoff[j] + (long long)b0 * Q::BYTES;
+            stage::span_warp(wb + off, src, nblk * Q::BYTES, lane);
+            if (lane == 0) {
+                seg_off[warp][ns] = off + int(reinterpret_cast<uintptr_t>(src) & 15);
+                seg_g0[warp][ns] = b0 * GPB;
+            }
+            off += stage::pitch(nblk * Q::BYTES);
+            ++ns;
+            e = j * G + q1;
         }
-    } else {
+        stage::wait();
+        __syncwarp();
+        const int j0 = i / G;
 #pragma unroll 2
-        for (int q = lane; q < (K >> 3); q += 32) {
-            float xv[1][8], xs[1];
-            cm::load8f(xt + 8 * q, xv[0]);
-            q::xsums<T, 1>(xv, xs);
-            q::dot8_acc<T, 1>(g, q, xv, xs, &a);
+        for (int p = i + lane; p < e; p += 32) {
+            const int j = p / G, q = p - j * G, s = j - j0;
+            float hv[1][8], hs[1], d = 0.f;  // quant_dot.cuh: the split form where the type has one
+            cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
+            q::xsums<T, 1>(hv, hs);
+            q::dot8_acc<T, 1>(wb + seg_off[warp][s], q - seg_g0[warp][s], hv, hs, &d);
+            acc = fmaf(wt[j], d, acc);
         }
+        __syncwarp();  // the pass's reads are done before the next one's copies land
+        i = e;
     }
-    a = cm::warp_sum(a);
-    b = cm::warp_sum(b);
-    if (lane == 0) y[(long long)p * R + r] = Wu ? a / (1.f + expf(-a)) * b : a;
 }
 
 template <int T>
@@ -85,14 +121,18 @@ __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long ro
     const uint8_t* Wr = W + min(r, R - 1) * row_bytes;  // rows past R (last block) compute row R - 1, never written
     const float* ht = h + (long long)t * k * K;
     float acc = 0.f;
+    if constexpr (mv::STAGED<T>) {
+        down_staged<T>(Wr, eoff, wt, G, K, ht, lo, hi, acc);
+    } else {
 #pragma unroll 2
-    for (int i = lo + lane; i < hi; i += 32) {
-        const int j = i / G, q = i - j * G;
-        float hv[1][8], hs[1], d = 0.f;  // quant_dot.cuh: the split form where the type has one
-        cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
-        q::xsums<T, 1>(hv, hs);
-        q::dot8_acc<T, 1>(Wr + eoff[j], q, hv, hs, &d);
-        acc = fmaf(wt[j], d, acc);
+        for (int i = lo + lane; i < hi; i += 32) {
+            const int j = i / G, q = i - j * G;
+            float hv[1][8], hs[1], d = 0.f;
+            cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
+            q::xsums<T, 1>(hv, hs);
+            q::dot8_acc<T, 1>(Wr + eoff[j], q, hv, hs, &d);
+            acc = fmaf(wt[j], d, acc);
+        }
     }
     acc = cm::warp_sum(acc);
     if (lane == 0) part[warp] = acc;

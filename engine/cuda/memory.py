@@ -43,7 +43,10 @@ def rt_call(what: str, fn, *args):
 
 
 def malloc(n_bytes: int) -> int:
-    return rt_call(f"cudaMalloc({n_bytes} bytes)", runtime().malloc, max(1, n_bytes))
+    """A device allocation of a whole number of 16-byte granules: kernels that stage weights (kernels/stage.cuh) read
+    the granules that cover a span, so the last one of a buffer must lie inside it."""
+    n = max(16, -(-n_bytes // 16) * 16)
+    return rt_call(f"cudaMalloc({n_bytes} bytes)", runtime().malloc, n)
 
 
 def free(ptr: int) -> None:

@@ -1,0 +1,210 @@
+// The matvec block (matvec.cu, moe_expert.cuh): rows [8 * blk, +8) of one or two matrices for n <= 8 tokens,
+// straight from GGUF blocks.
+//
+// matvec: a block of 256 threads computes rows [8 * blockIdx.x, +8) for all n tokens. The threads split K rather
+// than the rows: a "slice" of threads takes RPT = 8 / S of the rows, and its thread j dequantizes the 8-value groups
+// j, j + span, ... (span = threads per slice) of those rows, reading the n tokens' x for a group once into registers
+// and reusing it for every row. So x crosses L1 once per slice (not once per row, which would cost as many L1 bytes as
+// a 4-bit weight row costs DRAM bytes) and consecutive lanes read consecutive groups of a row (a warp reads one
+// Q4_K/Q6_K block, or 8 Q4_0/Q8_0 blocks, per row and step). S = 1 (8 rows a thread) is the default; S = 2 when a row
+// has at most span / 2 groups (K <= 1024 for N <= 4: otherwise half the threads would idle).
+// matvec_swiglu: the same with the block split into two teams of 4 warps, team 0 on Wg and team 1 on Wu.
+// The RPT * N per-thread sums are reduced by a warp reduce-scatter (common.cuh), then across the slice's warps
+// through shared memory.
+// Fused RMSNorm: W.(x * s * nw) = s * (W.(x * nw)) with s = rsqrt(mean(x^2) + eps): each thread accumulates its
+// groups' sum of squares alongside, the block reduces it with the dot products, and s scales the final sums.
+// Last block: rows past R re-read row R - 1 (never written); tokens past n re-read token n - 1 (never written). All
+// accesses stay inside the buffers, with no branches around the loads.
+// Quantized rows are staged through shared memory a chunk at a time (stage.cuh), so global memory sees only
+// 16-byte granules; the decoders then read the chunk there.
+#pragma once
+#include "common.cuh"
+#include "quant.cuh"
+#include "quant_dot.cuh"
+#include "stage.cuh"
+
+namespace mv {
+
+
+constexpr int ROWS = 8;       // output rows per block
+constexpr int THREADS = 256;  // 8 warps
+
+// Quantized rows go through shared memory (stage.cuh): a chunk of SPAN groups of each of the block's rows at a time,
+// copied in 16-byte granules by all threads, then decoded from there. Float rows keep their 16-byte loads.
+template <int T>
+constexpr bool STAGED = T != q::F32 && T != q::F16 && T != q::BF16;
+
+// A chunk is CG groups of each row (2048 values; a slice's SPAN when that is fewer: S = 2 only when a row has at most
+// SPAN groups). Its bytes are whole blocks, since a chunk starts at a multiple of CG (>= 32) groups and a block has at
+// most 32 (QK <= 256). One block's buffer: the chunk of each of its NM * 8 rows, at a 16-byte pitch.
+constexpr int CHUNK_GROUPS = 256;
+template <int T>
+constexpr int STAGE_PITCH = stage::pitch(CHUNK_GROUPS * 8 / q::Quant<T>::QK * q::Quant<T>::BYTES);
+template <int T, int NM>
+constexpr int STAGE_BYTES = STAGED<T> ? NM * ROWS * STAGE_PITCH<T> : 16;
+
+// The split form (quant_dot.cuh) for up to 4 tokens: at 8, the extra registers would spill.
+template <int T, int N>
+constexpr bool SPLIT_N = q::SPLIT<T> && N <= 4;
+
+// acc[t * RPT + r] += dot(row r values [8g, +8), token t values [8g, +8) times norm_w) for the RPT rows at rp.
+// (gw: the group's index in the rows at rp, gx: in x.)
+template <int T, int N, int RPT>
+__device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int gw, int gx, const float* __restrict__ x,
+                                          const int (&xo)[N], const float* __restrict__ norm_w,
+                                          float (&acc)[RPT * N], float (&ss)[N]) {
+    float xv[N][8];  // values [8g, 8g + 8) of each token, times norm_w when normed (the rsqrt scale comes last)
+#pragma unroll
+    for (int t = 0; t < N; ++t) cm::load8f(x + xo[t] + 8 * gx, xv[t]);
+    if (norm_w) {
+        float nw[8];
+        cm::load8f(norm_w + 8 * gx, nw);
+#pragma unroll
+        for (int t = 0; t < N; ++t)
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                ss[t] = fmaf(xv[t][k], xv[t][k], ss[t]);
+                xv[t][k] *= nw[k];
+            }
+    }
+    float xs[N];  // quant_dot.cuh's split form: the x sums, once for all RPT rows
+    q::xsums<T, N>(xv, xs);
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) q::dot8_acc<T, N, RPT, SPLIT_N<T, N>>(rp[r], gw, xv, xs, &acc[r]);
+}
+
+// Per-thread partial dot products of the block's rows with N tokens, reduced over each warp into
+// red[warp][t * RPT + r] (and the sums of squares of x into red_ss[warp][t]).
+template <int T, int N, int NM, int S>
+__device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+                                             long long row_bytes, int R, int K, const float* __restrict__ x, int n,
+                                             const float* __restrict__ norm_w, float* red, float* red_ss, uint8_t* buf,
+                                             int blk) {
+    constexpr int TEAM = THREADS / NM, SPAN = TEAM / S, RPT = ROWS / S;  // threads per matrix, per slice; rows
+    constexpr int V = RPT * N;  // sums per thread: acc[t * RPT + r] is token t, row r of the slice
+    static_assert(SPAN % 32 == 0, "a slice is whole warps");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tt = tid % TEAM;
+    const int row0 = (blk < 0 ? int(blockIdx.x) : blk) * ROWS + (tt / SPAN) * RPT;  // this slice's first row
+    const uint8_t* W = (NM == 2 && tid >= TEAM) ? W1 : W0;
+
+    int xo[N];  // offset of token t's x row, clamped to the last token (n*K < 2^31: n <= 8, K < 2^28)
+#pragma unroll
+    for (int t = 0; t < N; ++t) xo[t] = min(t, n - 1) * K;
+    float acc[V], ss[N];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int t = 0; t < N; ++t) ss[t] = 0.f;
+    if constexpr (STAGED<T>) {
+        using Q = q::Quant<T>;
+        constexpr int CG = S == 2 ? SPAN : CHUNK_GROUPS, P = STAGE_PITCH<T>, NG = P / 16;  // granules a row
+        // buf: [matrix * ROWS + row of the block][P], one chunk
+        const int blk_row0 = (blk < 0 ? int(blockIdx.x) : blk) * ROWS, G = K >> 3;
+        for (int g0 = 0; g0 < G; g0 += CG) {
+            const int ng = min(CG, G - g0);                                  // the chunk's groups a row,
+            const long long c0 = (long long)(g0 / (Q::QK / 8)) * Q::BYTES;  // its byte offset in a row
+            const int nb = ng / (Q::QK / 8) * Q::BYTES;                     // and its bytes (K is whole blocks)
+            if (g0 > 0) __syncthreads();  // every thread is done with the previous chunk
+            for (int i = tid; i < NM * ROWS * NG; i += THREADS) {
+                const int s = i / NG;  // the staged row: matrix s / ROWS, row blk_row0 + s % ROWS
+                const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(blk_row0 + s % ROWS, R - 1) * row_bytes + c0;
+                stage::granule(buf + s * P, src, nb, i - s * NG);
+            }
+            stage::wait();
+            __syncthreads();
+            const int s0 = (NM == 2 && tid >= TEAM ? ROWS : 0) + row0 - blk_row0;  // the slice's first staged row
+            const uint8_t* rp[RPT];
+#pragma unroll
+            for (int r = 0; r < RPT; ++r)
+                rp[r] = stage::landed(buf + (s0 + r) * P, W + (long long)min(row0 + r, R - 1) * row_bytes + c0);
+            for (int gl = tt % SPAN; gl < ng; gl += SPAN) dot_group<T, N, RPT>(rp, gl, g0 + gl, x, xo, norm_w, acc, ss);
+        }
+    } else {
+        const uint8_t* rp[RPT];  // the slice's rows, clamped to the last row of the matrix
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) rp[r] = W + (long long)min(row0 + r, R - 1) * row_bytes;
+        for (int g = tt % SPAN; g < (K >> 3); g += SPAN) dot_group<T, N, RPT>(rp, g, g, x, xo, norm_w, acc, ss);
+    }
+
+    // Warp totals: lane L holds those of values [L*V/32, +max(V/32, 1)) (common.cuh); one lane per index writes.
+    cm::warp_reduce_scatter(acc);
+    if constexpr (V >= 32) {
+#pragma unroll
+        for (int i = 0; i < V / 32; ++i) red[warp * V + lane * (V / 32) + i] = acc[i];
+    } else if (lane % (32 / V) == 0) {
+        red[warp * V + lane / (32 / V)] = acc[0];
+    }
+    if (norm_w) {
+        cm::warp_reduce_scatter(ss);  // N <= 8 < 32 values
+        if (lane % (32 / N) == 0) red_ss[warp * N + lane / (32 / N)] = ss[0];
+    }
+    __syncthreads();
+}
+
+// Thread i < 8 * N finishes output (token i / 8, row 8 * blk + i % 8) from the warps' totals: the row's
+// slice is warps [m * WT + s * WS, +WS) of team m (WT warps a team, WS a slice); sums of squares come from the warps
+// of team 0, slice 0, which together covered every group of x once.
+template <int N, int NM, int S>
+__device__ __forceinline__ void finish(int R, int K, int n, const float* norm_w, float eps, const float* resid,
+                                       float* y, const float* red, const float* red_ss, int blk) {
+    constexpr int RPT = ROWS / S, V = RPT * N, WT = 8 / NM, WS = WT / S;
+    const int i = threadIdx.x, t = i / ROWS, r = i % ROWS, row = (blk < 0 ? int(blockIdx.x) : blk) * ROWS + r;
+    if (i >= ROWS * N || t >= n || row >= R) return;
+    const int j = t * RPT + r % RPT, w0 = (r / RPT) * WS;  // the value's index in its warps, the slice's first warp
+    float a = 0.f, b = 0.f, s = 1.f;
+#pragma unroll
+    for (int w = 0; w < WS; ++w) a += red[(w0 + w) * V + j];
+    if constexpr (NM == 2) {
+#pragma unroll
+        for (int w = 0; w < WS; ++w) b += red[(WT + w0 + w) * V + j];
+    }
+    if (norm_w) {
+        float q = 0.f;
+#pragma unroll
+        for (int w = 0; w < WS; ++w) q += red_ss[w * N + t];
+        s = rsqrtf(q / float(K) + eps);
+    }
+    const long long o = (long long)t * R + row;  // y[t, row]
+    if constexpr (NM == 1) {
+        y[o] = resid ? resid[o] + s * a : s * a;  // resid may be y: this thread alone reads and writes y[o]
+    } else {
+        const float gate = s * a, up = s * b;
+        y[o] = gate / (1.f + expf(-gate)) * up;
+    }
+}
+
+template <int T, int N, int NM, int S>
+__device__ __forceinline__ void matvec_sliced(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
+                                              const float* x, int n, const float* norm_w, float eps,
+                                              const float* resid, float* y, uint8_t* buf, int blk) {
+    __shared__ float red[8 * ROWS * N];  // [warp][token * RPT + row of the slice]
+    __shared__ float red_ss[8 * N];      // [warp][token]
+    partial_dots<T, N, NM, S>(W0, W1, row_bytes, R, K, x, n, norm_w, red, red_ss, buf, blk);
+    finish<N, NM, S>(R, K, n, norm_w, eps, resid, y, red, red_ss, blk);
+}
+
+// Rows [8 * blk, +8) of the matrix (blk: the block's index among those of this matrix; -1: blockIdx.x, read where it
+// is used, so a plain launch keeps no register for it). buf: STAGE_BYTES<T, NM> of shared memory, 16-byte aligned.
+template <int T, int N, int NM>
+__device__ __forceinline__ void matvec_block_in(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R,
+                                                int K, const float* x, int n, const float* norm_w, float eps,
+                                                const float* resid, float* y, uint8_t* buf, int blk) {
+    // N = 8 with 8 rows a thread needs 230-255 registers; Q5_K swiglu spilled there (sm_75/86/89, nvcc 13.0), so
+    // Q5_K halves its rows instead (about 1.5x slower at N = 8: x is then read by both slices).
+    constexpr bool N8_SPLIT = N == 8 && T == q::Q5_K;
+    if (N8_SPLIT || (N < 8 && 2 * (K >> 3) <= THREADS / NM))
+        matvec_sliced<T, N, NM, 2>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk);
+    else if constexpr (!N8_SPLIT)
+        matvec_sliced<T, N, NM, 1>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk);
+}
+
+// matvec_block_in with its own staging buffer.
+template <int T, int N, int NM>
+__device__ __forceinline__ void matvec_block(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
+                                             const float* x, int n, const float* norm_w, float eps,
+                                             const float* resid, float* y, int blk) {
+    __shared__ __align__(16) uint8_t buf[STAGE_BYTES<T, NM>];
+    matvec_block_in<T, N, NM>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk);
+}
+
+}  // namespace mv
