@@ -67,6 +67,9 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 // The 2-token kernels ask for 2 blocks an SM (at most 128 registers): with weights staged (stage.cuh), ptxas (nvcc
 // 13.0) gave matvec_swiglu_q4_0_n2 64 registers on sm_86/89 under the plain bound and spilled 24 bytes.
 #define MV_BOUNDS_N2 __launch_bounds__(THREADS, 2)
+// The 4-token kernels state a minimum of 1 block an SM: under the plain bound ptxas (nvcc 13.0) held matvec_q5_k_n4
+// to 128 registers on sm_90 and spilled 8 bytes; stated, it takes 160 and spills nothing.
+#define MV_BOUNDS_N4 __launch_bounds__(THREADS, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
 #define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS || T == q::IQ2_XS || T == q::IQ2_XXS ? 2 : 3)
 #else
@@ -103,7 +106,7 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 // bound ptxas (nvcc 13.0) spilled 8 bytes of matvec_swiglu_q4_k_n1 on sm_86/89/120. matvec3 states a minimum of 1
 // block an SM: with 2, matvec3_q6_k_n1 spilled on sm_100/120, and with no minimum on sm_120.
 #define MATVEC_KERNELS(tag, T)                                                                                      \
-    MATVEC_N(tag, T, 1, MV_BOUNDS_N1(T)) MATVEC_N(tag, T, 2, MV_BOUNDS_N2) MATVEC_N(tag, T, 4, MV_BOUNDS)                    \
+    MATVEC_N(tag, T, 1, MV_BOUNDS_N1(T)) MATVEC_N(tag, T, 2, MV_BOUNDS_N2) MATVEC_N(tag, T, 4, MV_BOUNDS_N4)                    \
     MATVEC_N(tag, T, 8, MV_BOUNDS) GATHER_DOT(tag, T, MV_BOUNDS) MATVEC3(tag, T)
 // The low-bit and codebook types: N = 1 and 8 only (2..7 tokens take the 8-token kernel, k_matvec.py).
 #define MATVEC_KERNELS_1_8(tag, T) \
