@@ -3,6 +3,7 @@
 //
 // matvec / matvec_swiglu: the block of matvec_block.cuh, one launch a matrix (pair).
 #include "matvec_block.cuh"
+#include "matvec_stream.cuh"
 
 namespace {
 
@@ -60,8 +61,7 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 // (nvcc 13.0) settled on 40 or 64 registers for some of them (iq3_s on sm_86/89, iq2_xxs and iq2_s on sm_120) and
 // spilled 8-56 bytes; bounded, they spill nothing. Their 8-token kernels need ~250 registers and keep the plain bound,
 // as every kernel of the other types does.
-// IQ2_XS's swiglu spilled 4 bytes at 85 registers on sm_120 and asks for 2 there as well, as does IQ2_XXS's since its
-// weights are staged (stage.cuh; 4 bytes at 85).
+// IQ2_XS's swiglu spilled 4 bytes at 85 registers on sm_120 and asks for 2 there as well.
 #define MV_BOUNDS __launch_bounds__(THREADS)
 #define MV_BOUNDS_N1(T) __launch_bounds__(THREADS, q::SPLIT<T> ? 2 : 1)
 // The 2-token kernels ask for 2 blocks an SM (at most 128 registers): with weights staged (stage.cuh), ptxas (nvcc
@@ -71,7 +71,7 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 // to 128 registers on sm_90 and spilled 8 bytes; stated, it takes 160 and spills nothing.
 #define MV_BOUNDS_N4 __launch_bounds__(THREADS, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
-#define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS || T == q::IQ2_XS || T == q::IQ2_XXS ? 2 : 3)
+#define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS || T == q::IQ2_XS ? 2 : 3)
 #else
 #define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS ? 2 : 3)
 #endif
@@ -114,3 +114,13 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 
 Q_FOR_EACH_COMMON_TYPE(MATVEC_KERNELS)
 Q_FOR_EACH_LOWBIT_TYPE(MATVEC_KERNELS_1_8)
+
+// matvec_stream (matvec_stream.cuh): one token through a tall matrix, K <= 2048; the quantized common types.
+#define MATVEC_STREAM(tag, T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
+        matvec_stream_##tag(const uint8_t* W, long long row_bytes, int R, int K, const float* x,                     \
+                            const float* norm_w, float eps, const float* resid, float* y) {                         \
+        mvs::matvec_stream<T>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                                        \
+    }
+MATVEC_STREAM(q8_0, q::Q8_0) MATVEC_STREAM(q4_0, q::Q4_0) MATVEC_STREAM(q4_1, q::Q4_1) MATVEC_STREAM(q5_0, q::Q5_0)
+MATVEC_STREAM(q5_1, q::Q5_1) MATVEC_STREAM(q4_k, q::Q4_K) MATVEC_STREAM(q5_k, q::Q5_K) MATVEC_STREAM(q6_k, q::Q6_K)

@@ -25,23 +25,45 @@
 
 namespace mv {
 
-
 constexpr int ROWS = 8;       // output rows per block
 constexpr int THREADS = 256;  // 8 warps
 
-// Quantized rows go through shared memory (stage.cuh): a chunk of SPAN groups of each of the block's rows at a time,
-// copied in 16-byte granules by all threads, then decoded from there. Float rows keep their 16-byte loads.
+// Quantized rows of at most CHUNK_GROUPS groups go through shared memory (stage.cuh) when a thread takes all 8 rows
+// (S = 1): all threads copy the block's rows in 16-byte granules, then decode them there. Measured on the H200 (30B-A3B
+// shape, K = 2048): the MoE gate/up 15.2 -> 14.7 us, DeepSeek-V2-Lite's shared-expert SwiGLU 14.3 -> 12.7, q/k/v
+// 8.5 -> 8.1. Staged, the 1024-wide rows of the sliced form (S = 2) and rows of several chunks (K = 4096) were slower
+// (5-20%): those read global memory directly, each group's bytes touched first.
+// The low-bit and codebook types read global memory directly: staged, their 1-token kernels needed more registers than
+// their bounds give (matvec.cu) and spilled.
 template <int T>
-constexpr bool STAGED = T != q::F32 && T != q::F16 && T != q::BF16;
+constexpr bool STAGED = T == q::Q8_0 || T == q::Q4_0 || T == q::Q4_1 || T == q::Q5_0 || T == q::Q5_1 || T == q::Q4_K ||
+                        T == q::Q5_K || T == q::Q6_K;
+template <int T>
+constexpr bool TOUCH = T != q::F32 && T != q::F16 && T != q::BF16;  // float rows: one 16-byte load a group
 
-// A chunk is CG groups of each row (2048 values; a slice's SPAN when that is fewer: S = 2 only when a row has at most
-// SPAN groups). Its bytes are whole blocks, since a chunk starts at a multiple of CG (>= 32) groups and a block has at
-// most 32 (QK <= 256). One block's buffer: the chunk of each of its NM * 8 rows, at a 16-byte pitch.
+// A row's bytes are whole blocks (QK <= 256). One block's buffer: each of its NM * 8 rows, at a 16-byte pitch.
 constexpr int CHUNK_GROUPS = 256;
 template <int T>
 constexpr int STAGE_PITCH = stage::pitch(CHUNK_GROUPS * 8 / q::Quant<T>::QK * q::Quant<T>::BYTES);
 template <int T, int NM>
 constexpr int STAGE_BYTES = STAGED<T> ? NM * ROWS * STAGE_PITCH<T> : 16;
+
+// Quantized rows not staged: a group's bytes come in several small loads whose decoding needs registers, and the
+// compiler keeps few of them in flight (about one row's per thread). So first touch one byte of each row's group (at
+// its proportional position: a warp's 32 lanes then cover every 32-byte sector of the warp's contiguous span) and make
+// the row pointers depend on all of them (through a zero the compiler cannot see): the rows' DRAM requests go out
+// together, and load8 then reads L1.
+template <int T, int RPT>
+__device__ __forceinline__ void touch_rows(const uint8_t* (&rp)[RPT], int g, int n) {
+    using Q = q::Quant<T>;
+    const int off = g * Q::BYTES / (Q::QK / 8);  // a byte of group g's share of its block (< row_bytes)
+    uint32_t z = 0;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) z ^= rp[r][off];
+    z &= uint32_t(n) >> 30;  // n <= 8: always 0
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) rp[r] += z;
+}
 
 // The split form (quant_dot.cuh) for up to 4 tokens: at 8, the extra registers would spill.
 template <int T, int N>
@@ -95,19 +117,17 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
 #pragma unroll
     for (int t = 0; t < N; ++t) ss[t] = 0.f;
-    if constexpr (STAGED<T>) {
-        using Q = q::Quant<T>;
-        constexpr int CG = S == 2 ? SPAN : CHUNK_GROUPS, P = STAGE_PITCH<T>, NG = P / 16;  // granules a row
-        // buf: [matrix * ROWS + row of the block][P], one chunk
-        const int blk_row0 = (blk < 0 ? int(blockIdx.x) : blk) * ROWS, G = K >> 3;
-        for (int g0 = 0; g0 < G; g0 += CG) {
-            const int ng = min(CG, G - g0);                                  // the chunk's groups a row,
-            const long long c0 = (long long)(g0 / (Q::QK / 8)) * Q::BYTES;  // its byte offset in a row
-            const int nb = ng / (Q::QK / 8) * Q::BYTES;                     // and its bytes (K is whole blocks)
-            if (g0 > 0) __syncthreads();  // every thread is done with the previous chunk
+    const int G = K >> 3;
+    bool staged = false;
+    if constexpr (STAGED<T> && S == 1) {
+        staged = G <= CHUNK_GROUPS;
+        if (staged) {
+            constexpr int P = STAGE_PITCH<T>, NG = P / 16;  // granules a row; buf: [matrix * ROWS + row][P]
+            const int blk_row0 = (blk < 0 ? int(blockIdx.x) : blk) * ROWS;
+            const int nb = G / (q::Quant<T>::QK / 8) * q::Quant<T>::BYTES;  // = row_bytes
             for (int i = tid; i < NM * ROWS * NG; i += THREADS) {
                 const int s = i / NG;  // the staged row: matrix s / ROWS, row blk_row0 + s % ROWS
-                const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(blk_row0 + s % ROWS, R - 1) * row_bytes + c0;
+                const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(blk_row0 + s % ROWS, R - 1) * row_bytes;
                 stage::granule(buf + s * P, src, nb, i - s * NG);
             }
             stage::wait();
@@ -116,14 +136,21 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
             const uint8_t* rp[RPT];
 #pragma unroll
             for (int r = 0; r < RPT; ++r)
-                rp[r] = stage::landed(buf + (s0 + r) * P, W + (long long)min(row0 + r, R - 1) * row_bytes + c0);
-            for (int gl = tt % SPAN; gl < ng; gl += SPAN) dot_group<T, N, RPT>(rp, gl, g0 + gl, x, xo, norm_w, acc, ss);
+                rp[r] = stage::landed(buf + (s0 + r) * P, W + (long long)min(row0 + r, R - 1) * row_bytes);
+            for (int g = tt; g < G; g += SPAN) dot_group<T, N, RPT>(rp, g, g, x, xo, norm_w, acc, ss);
         }
-    } else {
-        const uint8_t* rp[RPT];  // the slice's rows, clamped to the last row of the matrix
+    }
+    if (!staged) {
+        const uint8_t* rowp[RPT];  // the slice's rows, clamped to the last row of the matrix
 #pragma unroll
-        for (int r = 0; r < RPT; ++r) rp[r] = W + (long long)min(row0 + r, R - 1) * row_bytes;
-        for (int g = tt % SPAN; g < (K >> 3); g += SPAN) dot_group<T, N, RPT>(rp, g, g, x, xo, norm_w, acc, ss);
+        for (int r = 0; r < RPT; ++r) rowp[r] = W + (long long)min(row0 + r, R - 1) * row_bytes;
+        for (int g = tt % SPAN; g < G; g += SPAN) {
+            const uint8_t* rp[RPT];
+#pragma unroll
+            for (int r = 0; r < RPT; ++r) rp[r] = rowp[r];
+            if constexpr (TOUCH<T>) touch_rows<T, RPT>(rp, g, n);
+            dot_group<T, N, RPT>(rp, g, g, x, xo, norm_w, acc, ss);
+        }
     }
 
     // Warp totals: lane L holds those of values [L*V/32, +max(V/32, 1)) (common.cuh); one lane per index writes.

@@ -2,33 +2,32 @@
 // reads its expert id from device memory, so one launch covers all chosen experts of all tokens and a decode step
 // stays one CUDA graph. Contract: kernels/README.md, "moe.cu". Kernels: moe.cu.
 //
-// A stack of E experts holds expert e's R x K matrix at W + e * expert_bytes (expert_bytes = R * row_bytes). Block
-// 256 threads = 8 warps, warp w owns output row 8 * blockIdx.x + w; its lanes stride over the row's 8-value groups
-// (a warp reads one K-quant super-block, or 8 blocks of 32, per step) and the warp sum finishes the row. Every sum
-// has a fixed order, so results do not depend on scheduling (no float atomics).
+// A stack of E experts holds expert e's R x K matrix at W + e * expert_bytes (expert_bytes = R * row_bytes). Blocks
+// of 256 threads = 8 warps. Every sum has a fixed order, so results do not depend on scheduling (no float atomics).
 //
 // gate_up: item p = blockIdx.y is slot p % k of token p / k; y[p] = silu(Wg_e . x) * (Wu_e . x), or Wg_e . x alone
-//   when Wu is null (gate and up of different types: two launches and a SwiGLU). Each block is matvec_block.cuh's
-//   (8 rows, weights staged through shared memory) on expert e's matrices.
+//   when Wu is null (gate and up of different types: two launches and a SwiGLU). A block is matvec_block.cuh's, on
+//   rows [8 * blockIdx.x, +8) of expert e's matrices (the threads split K; rows staged where that measured faster).
 // down: block (row block, token t) sums the token's k slots in slot order, weighted, plus the optional shared
 //   expert (times its gate), into the residual: x[t] += sum_j w_j * (W_{e_j} . h[t*k + j]) + g_t * shared[t].
 //   A row's (slot, group) pairs are split over DOWN_WPR warps in contiguous quarters (each lane-strided), and the
 //   quarters' sums are added in order: an output row has only K / 8 groups a slot, so one warp a row would leave an
-//   SM with too few loads in flight (R / 8 blocks of 8 warps: 256 blocks for R = 2048 on 132 SMs).
-// Both loops unroll by 2: gate_up's 4 kept 128 registers a thread (2 blocks an SM on sm_90), 2 keeps 80.
+//   SM with too few loads in flight (R / 8 blocks of 8 warps: 256 blocks for R = 2048 on 132 SMs). Its lanes stride
+//   over groups (a warp reads one K-quant super-block, or 8 blocks of 32, a step), the loop unrolled by 2. Staging its
+//   rows through shared memory, in passes a warp, measured slower on the H200 (12.2 -> 14.0 us, 30B-A3B shape).
 #pragma once
 #include <math.h>
 #include <stdint.h>
 
 #include "common.cuh"
+#include "matvec_block.cuh"
 #include "moe_route.cuh"  // MAX_K
 #include "quant.cuh"
-#include "matvec_block.cuh"
 #include "quant_dot.cuh"
 
 namespace moe {
 
-constexpr int MV_THREADS = 256, MV_ROWS = 8;  // gate_up: one output row per warp
+constexpr int MV_THREADS = mv::THREADS;  // gate_up runs matvec_block
 constexpr int DOWN_WPR = 4, DOWN_ROWS = MV_THREADS / 32 / DOWN_WPR;  // down: 4 warps a row, 2 rows a block
 
 template <int T>
@@ -45,59 +44,6 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
         mv::matvec_block_in<T, 1, 2>(Wg + off, Wu + off, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
     else
         mv::matvec_block_in<T, 1, 1>(Wg + off, Wg + off, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
-}
-
-// down's quantized rows, staged (stage.cuh): the warp's pairs [lo, hi) go in passes, each the run of whole blocks of
-// consecutive slots' rows that fits DOWN_STAGE bytes; a pass's segments (one a slot) are copied at once, then its
-// pairs are lane-strided over them. acc += w_j * (row_j . h_j) over the pairs.
-constexpr int DOWN_STAGE = 4096, DOWN_SEGS = 16;  // bytes and segments a warp stages at a time
-
-template <int T>
-__device__ __forceinline__ void down_staged(const uint8_t* Wr, const long long* eoff, const float* wt, int G, int K,
-                                            const float* ht, int lo, int hi, float& acc) {
-    using Q = q::Quant<T>;
-    constexpr int GPB = Q::QK / 8;  // groups a block
-    __shared__ __align__(16) uint8_t buf[MV_THREADS / 32][DOWN_STAGE];
-    __shared__ int seg_off[MV_THREADS / 32][DOWN_SEGS];  // where segment s's first block landed in the warp's buffer
-    __shared__ int seg_g0[MV_THREADS / 32][DOWN_SEGS];   // and that block's first group in its row
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    uint8_t* wb = buf[warp];
-    for (int i = lo; i < hi;) {  // warp-uniform
-        int e = i, off = 0, ns = 0;
-        while (e < hi && ns < DOWN_SEGS) {
-            const int j = e / G, q0 = e - j * G, b0 = q0 / GPB;
-            int q1 = min(G, q0 + (hi - e)), nblk = (q1 + GPB - 1) / GPB - b0;
-            const int room = (DOWN_STAGE - off - 32) / Q::BYTES;  // whole blocks that still fit
-            if (nblk > room) {
-                if (room <= 0) break;  // never on an empty buffer: DOWN_STAGE holds a block
-                nblk = room;
-                q1 = (b0 + nblk) * GPB;
-            }
-            const uint8_t* src = Wr + eoff[j] + (long long)b0 * Q::BYTES;
-            stage::span_warp(wb + off, src, nblk * Q::BYTES, lane);
-            if (lane == 0) {
-                seg_off[warp][ns] = off + int(reinterpret_cast<uintptr_t>(src) & 15);
-                seg_g0[warp][ns] = b0 * GPB;
-            }
-            off += stage::pitch(nblk * Q::BYTES);
-            ++ns;
-            e = j * G + q1;
-        }
-        stage::wait();
-        __syncwarp();
-        const int j0 = i / G;
-#pragma unroll 2
-        for (int p = i + lane; p < e; p += 32) {
-            const int j = p / G, q = p - j * G, s = j - j0;
-            float hv[1][8], hs[1], d = 0.f;  // quant_dot.cuh: the split form where the type has one
-            cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
-            q::xsums<T, 1>(hv, hs);
-            q::dot8_acc<T, 1>(wb + seg_off[warp][s], q - seg_g0[warp][s], hv, hs, &d);
-            acc = fmaf(wt[j], d, acc);
-        }
-        __syncwarp();  // the pass's reads are done before the next one's copies land
-        i = e;
-    }
 }
 
 template <int T>
@@ -121,18 +67,14 @@ __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long ro
     const uint8_t* Wr = W + min(r, R - 1) * row_bytes;  // rows past R (last block) compute row R - 1, never written
     const float* ht = h + (long long)t * k * K;
     float acc = 0.f;
-    if constexpr (mv::STAGED<T>) {
-        down_staged<T>(Wr, eoff, wt, G, K, ht, lo, hi, acc);
-    } else {
 #pragma unroll 2
-        for (int i = lo + lane; i < hi; i += 32) {
-            const int j = i / G, q = i - j * G;
-            float hv[1][8], hs[1], d = 0.f;
-            cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
-            q::xsums<T, 1>(hv, hs);
-            q::dot8_acc<T, 1>(Wr + eoff[j], q, hv, hs, &d);
-            acc = fmaf(wt[j], d, acc);
-        }
+    for (int i = lo + lane; i < hi; i += 32) {
+        const int j = i / G, q = i - j * G;
+        float hv[1][8], hs[1], d = 0.f;  // quant_dot.cuh: the split form where the type has one
+        cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
+        q::xsums<T, 1>(hv, hs);
+        q::dot8_acc<T, 1>(Wr + eoff[j], q, hv, hs, &d);
+        acc = fmaf(wt[j], d, acc);
     }
     acc = cm::warp_sum(acc);
     if (lane == 0) part[warp] = acc;

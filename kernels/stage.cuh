@@ -1,4 +1,4 @@
-// Weight bytes staged through shared memory for the matvec-shaped kernels (matvec.cu, moe_expert.cuh).
+// Weight bytes staged through shared memory for the matvec kernels (matvec_block.cuh, matvec_stream.cuh).
 //
 // A quantized block decoder reads a row in small loads of 1-8 bytes at scattered offsets, and a warp's load of such
 // pieces from global memory touches many sectors for a few useful bytes: measured on the H200, the LM head's Q6_K
@@ -33,6 +33,21 @@ __device__ __forceinline__ void copy16(uint8_t* dst, const uint8_t* src) {
 __device__ __forceinline__ void wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Pipelined copies: commit() closes this thread's group of copies issued since the last one; wait_pending<N>() waits
+// until at most N of its groups are still in flight (the older ones have landed).
+__device__ __forceinline__ void commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wait_pending() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from engine.cuda import driver, k_embed, k_matvec, memory
+from engine.cuda import dispatch, driver, k_embed, k_matvec, memory
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.errors import CudaError
 from engine.quants import KERNEL_TAGS, GGMLType
@@ -97,6 +97,54 @@ def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) 
         y_res = DeviceArray.from_host(resid)  # in-place residual add: resid is y
         run(k_matvec.matvec(w.dev, d_x, n, y_res, norm_w=d_norm if norm else None, eps=eps, resid=y_res))
         assert_close(y_res.to_host(), resid + ref, tol + 1e-7 * np.abs(resid), context + " resid=y")
+
+
+# matvec_stream: rows not a multiple of a warp's 16 or a block's 64 (and fewer than one block's), K up to its 2048.
+STREAM_SHAPES = [(5, 256), (77, 1024), (1003, 2048), (130, 32)]
+
+
+@pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("ggml_type", sorted(k_matvec.STREAM_TYPES), ids=lambda t: t.name)
+def test_matvec_stream(ggml_type: GGMLType, shape: tuple[int, int], seed: int) -> None:
+    """The streamed one-token matvec (the LM head's): forced on small matrices, with and without the fused RMSNorm
+    and the in-place residual; the slack past R stays poisoned."""
+    rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, ggml_type, rows, cols)
+    x, norm_w = inputs(rng, 1, cols)
+    resid = rng.normal(size=(1, rows)).astype(np.float32)
+    eps = 1e-6
+    d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
+    for norm in (False, True):
+        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+        ref = xn @ w.dense.T
+        tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
+        context = f"{ggml_type.name} {rows}x{cols} norm={norm} seed={seed}"
+        y = poisoned((1, rows + 40))
+        run(k_matvec.matvec(w.dev, d_x, 1, y, norm_w=d_norm if norm else None, eps=eps, stream=True))
+        got = y.to_host()
+        assert_close(got[:, :rows], ref, tol, context)
+        assert_untouched(got[:, rows:], context)
+        y_res = DeviceArray.from_host(resid)
+        run(k_matvec.matvec(w.dev, d_x, 1, y_res, norm_w=d_norm if norm else None, eps=eps, resid=y_res, stream=True))
+        assert_close(y_res.to_host(), resid + ref, tol + 1e-7 * np.abs(resid), context + " resid=y")
+
+
+def test_matvec_stream_choice() -> None:
+    """The LM head shapes take matvec_stream; other matvecs, several tokens, wide rows and other types do not."""
+    assert dispatch.use_stream(151936, 1024, 1) and dispatch.use_stream(248320, 2048, 1)
+    assert not dispatch.use_stream(151936, 1024, 2) and not dispatch.use_stream(151936, 4096, 1)
+    assert not dispatch.use_stream(3072, 1024, 1)
+    assert GGMLType.F32 not in k_matvec.STREAM_TYPES and GGMLType.IQ4_XS not in k_matvec.STREAM_TYPES
+
+
+def test_matvec_stream_refuses() -> None:
+    rng = np.random.default_rng(0)
+    w = Weight(rng, GGMLType.F32, 8, 64)
+    x = DeviceArray.from_host(np.zeros((2, 64), np.float32))
+    with pytest.raises(CudaError, match="matvec_stream"):
+        k_matvec.matvec(w.dev, x, 1, poisoned((1, 8)), stream=True)
 
 
 @pytest.mark.parametrize("n", range(1, 9))

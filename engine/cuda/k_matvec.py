@@ -8,16 +8,22 @@ weights must be 16-byte aligned (cudaMalloc'd arrays and GGUF tensor offsets are
 
 from __future__ import annotations
 
-from engine.cuda import driver
+from engine.cuda import dispatch, driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
-from engine.quants import KERNEL_TAGS, LOWBIT_TYPES
+from engine.quants import KERNEL_TAGS, LOWBIT_TYPES, GGMLType
 
 ROWS_PER_BLOCK = 8  # matvec: 8 warps, 8 output rows per block; gather_dot: one output per warp
 THREADS = 256
 TOKEN_BUCKETS = (1, 2, 4, 8)  # matvec_*_n{N} variants; a launch of n tokens uses the smallest N >= n
 LOWBIT_BUCKETS = (1, 8)  # the variants built for quants.LOWBIT_TYPES (kernels/matvec.cu)
+# matvec_stream_{t} (kernels/matvec_stream.cuh): 4 warps a block, 16 rows a warp; the quantized common types
+STREAM_TYPES = frozenset(
+    {GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K,
+     GGMLType.Q6_K}
+)  # fmt: skip
+STREAM_THREADS, STREAM_ROWS_PER_BLOCK = 128, 64
 
 
 def has_matvec3(ggml_type: int) -> bool:
@@ -45,6 +51,7 @@ def matvec(
     norm_w: DeviceArray | None = None,  # (K,) f4: RMS-normalise x first (per token), times norm_w
     eps: float = 0.0,
     resid: DeviceArray | None = None,  # (n, R) f4, may be y itself
+    stream: bool | None = None,  # matvec_stream (n = 1, K <= 2048, STREAM_TYPES); None: dispatch.use_stream decides
 ) -> Launch:
     big_n = _bucket(n, w.ggml_type)
     need_aligned_weight(w)
@@ -54,6 +61,15 @@ def matvec(
         need(norm_w, "norm_w", "f4", w.cols, aligned=True)
     if resid is not None:
         need(resid, "resid", "f4", n * w.rows)
+    if stream is None:
+        stream = w.ggml_type in STREAM_TYPES and dispatch.use_stream(w.rows, w.cols, n)
+    if stream:
+        if w.ggml_type not in STREAM_TYPES or n != 1 or w.cols > dispatch.STREAM_MAX_K:
+            raise CudaError(f"matvec_stream takes 1 token, K <= {dispatch.STREAM_MAX_K}, a quantized common type")
+        fn = driver.module("matvec").fn(f"matvec_stream_{w.tag}")
+        args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), ptr(norm_w), f32(eps), ptr(resid),
+                ptr(y)]  # fmt: skip
+        return Launch(fn, (_blocks(w.rows, STREAM_ROWS_PER_BLOCK),), (STREAM_THREADS,), args)
     fn = driver.module("matvec").fn(f"matvec_{w.tag}_n{big_n}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
             ptr(y)]  # fmt: skip
