@@ -22,9 +22,12 @@ test: $(VENV)/.installed kernels
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
-# Every kernel for the default arch list (CI proves they compile); skipped where there is no nvcc.
+# Every kernel for the default arch list (CI proves they compile), and the benchmark variants of bench/*.cu for sm_90;
+# skipped where there is no nvcc.
 kernels:
-	@if command -v nvcc >/dev/null; then ./build_kernels.sh; else echo "no nvcc: kernels not built"; fi
+	@if command -v nvcc >/dev/null; then ./build_kernels.sh && for f in bench/*.cu; do \
+		nvcc -O3 -std=c++17 -cubin -arch=sm_90 -Ikernels $$f -o $${TMPDIR:-/tmp}/bench-$$(basename $$f .cu).cubin || exit 1; \
+	done; else echo "no nvcc: kernels not built"; fi
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check --fix .

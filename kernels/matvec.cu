@@ -115,12 +115,19 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 Q_FOR_EACH_COMMON_TYPE(MATVEC_KERNELS)
 Q_FOR_EACH_LOWBIT_TYPE(MATVEC_KERNELS_1_8)
 
-// matvec_stream (matvec_stream.cuh): one token through a tall matrix, K <= 2048; the quantized common types.
+// matvec_stream (matvec_stream.cuh): one token through a tall matrix; the quantized common types. _{t}: K <= 2048
+// (8 groups of x a lane, ~100 registers); _{t}_k1024: K <= 1024 (4 groups, 63 registers: twice the warps an SM).
 #define MATVEC_STREAM(tag, T)                                                                                       \
     extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
         matvec_stream_##tag(const uint8_t* W, long long row_bytes, int R, int K, const float* x,                     \
                             const float* norm_w, float eps, const float* resid, float* y) {                         \
         mvs::matvec_stream<T>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                                        \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
+        matvec_stream_##tag##_k1024(const uint8_t* W, long long row_bytes, int R, int K, const float* x,             \
+                                    const float* norm_w, float eps, const float* resid, float* y) {                 \
+        mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG / 2>(W, row_bytes, R, K, x, norm_w, eps, \
+                                                                                 resid, y);                         \
     }
 MATVEC_STREAM(q8_0, q::Q8_0) MATVEC_STREAM(q4_0, q::Q4_0) MATVEC_STREAM(q4_1, q::Q4_1) MATVEC_STREAM(q5_0, q::Q5_0)
 MATVEC_STREAM(q5_1, q::Q5_1) MATVEC_STREAM(q4_k, q::Q4_K) MATVEC_STREAM(q5_k, q::Q5_K) MATVEC_STREAM(q6_k, q::Q6_K)

@@ -6,6 +6,9 @@
 // row i there, rows i + 1 .. i + STAGES - 1 are on their way. x (times norm_w) stays in registers for all the rows:
 // lane l holds groups l, l + 32, ... (at most MAXG: K <= 2048), with the split form's x sums (quant_dot.cuh).
 // A row's sum: each lane's groups in order, then the warp sum. Rows past R are neither read nor written.
+// Measured on the H200 (scripts/stream_bench.py): the time does not follow the bytes (Q8_0, Q4_K and Q6_K rows of
+// 2048 took 136-137 us for 151936 rows) but the registers: with 4 groups a lane instead of 8 (63 registers, not ~100)
+// 1024-wide rows went 92 -> 79 us. Neither more rows a warp, a deeper ring, nor 2 or 8 warps a block helped.
 #pragma once
 #include "common.cuh"
 #include "quant.cuh"
@@ -17,20 +20,22 @@ namespace mvs {
 constexpr int WARPS = 4, ROWS = 16, STAGES = 4, MAXG = 8;  // a block: 4 warps, 16 rows each, 4 rows a warp in flight
 constexpr int THREADS = 32 * WARPS, BLOCK_ROWS = WARPS * ROWS, MAX_K = 32 * MAXG * 8;
 
-template <int T>
-constexpr int PITCH = stage::pitch(MAX_K / q::Quant<T>::QK * q::Quant<T>::BYTES);  // a row buffer
+template <int T, int MG>
+constexpr int PITCH = stage::pitch(32 * MG * 8 / q::Quant<T>::QK * q::Quant<T>::BYTES);  // a row buffer, K <= 256 MG
 
 // y[r] = (resid[r] +) s * W[r] . (x * norm_w), s = rsqrt(mean(x^2) + eps) when norm_w, else 1.
-template <int T>
+// (NW warps a block, NR rows a warp, NS buffers a warp, MG groups a lane: the defaults above.)
+template <int T, int NW = WARPS, int NR = ROWS, int NS = STAGES, int MG = MAXG>
 __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, long long row_bytes, int R, int K,
                                               const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
                                               const float* resid, float* y) {
-    __shared__ __align__(16) uint8_t ring[WARPS][STAGES][PITCH<T>];
+    constexpr int WARPS = NW, ROWS = NR, STAGES = NS, MAXG = MG;
+    __shared__ __align__(16) uint8_t ring[WARPS][STAGES][PITCH<T, MAXG>];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = K >> 3;
     const int r0 = (blockIdx.x * WARPS + warp) * ROWS, nr = min(ROWS, R - r0);  // this warp's rows
     if (nr <= 0) return;  // warp-uniform; no block barrier below
     const int nb = int(row_bytes);
-    uint8_t(*buf)[PITCH<T>] = ring[warp];
+    uint8_t(*buf)[PITCH<T, MAXG>] = ring[warp];
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < nr) stage::span_warp(buf[i], W + (long long)(r0 + i) * row_bytes, nb, lane);

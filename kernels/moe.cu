@@ -33,12 +33,12 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
 // bound and asked for 3.)
 #define MOE_GATE_UP_BOUNDS(T) __launch_bounds__(moe::MV_THREADS, q::SPLIT<T> ? 2 : 1)
 
-// The low-bit and codebook types' decode kernels ask for a minimum of blocks an SM on every arch, gate_up 2 (at most
-// 128 registers: Q3_K's takes ~100) and down 3: under the plain bound ptxas (nvcc 13.0) gave moe_gate_up_iq3_s 64
-// registers on sm_120 and spilled 24 bytes (and moe_down_iq2_s, before moe_down took 4 warps a row, 40 on sm_90);
-// bounded, none spills.
+// The low-bit and codebook types' decode kernels state a minimum of blocks an SM on every arch, gate_up 1 and down 3:
+// under the plain bound ptxas (nvcc 13.0) gave the warp-a-row moe_gate_up_iq3_s 64 registers on sm_120 and spilled
+// 24 bytes (and moe_down_iq2_s, before moe_down took 4 warps a row, 40 on sm_90). gate_up, now matvec_block's, asked
+// for 2 and spilled on sm_100/120 (q3_k 228-244 bytes, iq2_xs 52, iq3_s 24, iq2_s 8); at 1, none spills.
 #define MOE_DOWN_BOUNDS __launch_bounds__(moe::MV_THREADS)
-#define MOE_LOWBIT_GATE_UP_BOUNDS(T) __launch_bounds__(moe::MV_THREADS, 2)
+#define MOE_LOWBIT_GATE_UP_BOUNDS(T) __launch_bounds__(moe::MV_THREADS, 1)
 #define MOE_LOWBIT_DOWN_BOUNDS __launch_bounds__(moe::MV_THREADS, 3)
 
 #define MOE_KERNELS(tag, T, GATE_UP_BOUNDS, DOWN_BOUNDS)                                                              \

@@ -100,7 +100,8 @@ def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) 
 
 
 # matvec_stream: rows not a multiple of a warp's 16 or a block's 64 (and fewer than one block's), K up to its 2048.
-STREAM_SHAPES = [(5, 256), (77, 1024), (1003, 2048), (130, 32)]
+# Both kernels: K <= 1024 (_k1024) and the wider one.
+STREAM_SHAPES = [(5, 256), (77, 1024), (1003, 2048), (130, 32), (50, 1536)]
 
 
 @pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -21,8 +21,13 @@ N_SPLITS = 32
 # warp streams 16 rows through a 4-deep ring of shared-memory buffers instead of a block reading 8 rows at once.
 # Measured on one H200 (2026-12-01), the Q6_K LM heads through the block matvec: 151936 x 2048 (Qwen3-30B-A3B)
 # 175 us = 1.46 TB/s, 151936 x 1024 (Qwen3-0.6B) 132 us = 0.97 TB/s, 248320 x 1024 (Qwen3.5-0.8B) 214 us.
+# matvec_stream alone (scripts/stream_bench.py, same day, one H200; Q6_K, 30 launches): 151936 x 2048 137 us; 151936
+# x 1024 92 us, or 79 with the kernel that holds 4 groups of x a lane instead of 8 (63 registers instead of ~100:
+# twice the warps an SM); 248320 x 1024 142 us, 114 with it. Q8_0 and Q4_K rows took the same time as Q6_K's: the
+# kernel is bound by its per-value work, not by bytes.
 STREAM_MIN_ROWS = 32768
 STREAM_MAX_K = 2048
+STREAM_NARROW_K = 1024  # up to this width, matvec_stream_{t}_k1024
 
 
 def use_stream(rows: int, cols: int, n: int) -> bool:

@@ -66,7 +66,9 @@ def matvec(
     if stream:
         if w.ggml_type not in STREAM_TYPES or n != 1 or w.cols > dispatch.STREAM_MAX_K:
             raise CudaError(f"matvec_stream takes 1 token, K <= {dispatch.STREAM_MAX_K}, a quantized common type")
-        fn = driver.module("matvec").fn(f"matvec_stream_{w.tag}")
+        # _k1024: half the x registers, twice the warps an SM (dispatch.STREAM_NARROW_K)
+        suffix = "_k1024" if w.cols <= dispatch.STREAM_NARROW_K else ""
+        fn = driver.module("matvec").fn(f"matvec_stream_{w.tag}{suffix}")
         args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), ptr(norm_w), f32(eps), ptr(resid),
                 ptr(y)]  # fmt: skip
         return Launch(fn, (_blocks(w.rows, STREAM_ROWS_PER_BLOCK),), (STREAM_THREADS,), args)
