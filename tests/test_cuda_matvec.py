@@ -296,3 +296,28 @@ def test_wrappers_reject_bad_buffers() -> None:
         k_matvec.gather_dot(w, x, 6, DeviceArray(0x4000, (2,), "i4", False), 2, y)
     with pytest.raises(CudaError, match="swiglu weights differ"):
         k_matvec.matvec_swiglu(w, DeviceWeight(0x1000, GGMLType.Q6_K, 16, 256, 210, "u"), x, 1, y)
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen3-tiny-q8_0", "qwen3-tiny-q4_k_m", "qwen35-tiny-q8_0", "qwen3moe-tiny-q8_0", "deepseek2-tiny-q8_0"]
+)
+def test_every_one_token_matvec_streamed_matches_the_cpu_backend(name: str, monkeypatch) -> None:
+    """With dispatch.STREAM_MIN_ROWS at 1, every one-token matvec of a stream type and K <= 2048 (the projections as
+    well as the LM head, whose fixtures are too small for the real rule) takes matvec_stream: a model's decode steps
+    still match the CPU backend as closely as the block matvec's do (1e-4 of the largest logit)."""
+    from engine.engine import Engine
+    from tests import conformance
+
+    monkeypatch.setattr(dispatch, "STREAM_MIN_ROWS", 1)
+    chosen: list[bool] = []
+    rule = dispatch.use_stream
+    monkeypatch.setattr(dispatch, "use_stream", lambda rows, cols, n: chosen.append(rule(rows, cols, n)) or chosen[-1])
+    path = conformance.fixture_path(name, ".gguf")
+    cpu = Engine.load(path, backend="cpu", max_seq_len=64)
+    cuda = Engine.load(path, backend="cuda", max_seq_len=64)
+    assert cuda.backend == "cuda"
+    ids = [998, 12, 400, 77, 531, 9, 250, 868, 33, 101]
+    want, got = cpu.logits(ids, prefill=1), cuda.logits(ids, prefill=1)
+    scale = max(1.0, float(np.abs(want).max()))
+    assert float(np.abs(got - want).max()) <= 1e-4 * scale, name
+    assert any(chosen), f"{name}: no matvec took matvec_stream"
