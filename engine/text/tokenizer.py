@@ -7,9 +7,9 @@ llama.cpp tokenizes in three steps, mirrored here:
    splits the pieces of the previous one), and byte-mapped with GPT-2's bytes_to_unicode;
 3. rank-ordered BPE merges within each piece (engine/text/bpe.py, llama.cpp's merge loop).
 Step 2 runs in HF `tokenizers`' pre-tokenizers (Split* -> ByteLevel, no normalizer: llama.cpp applies no NFC); where
-its regex engine and llama.cpp's differ, `_onig` says how that is bridged. Step 3 needs only two dicts, which load
-from the prepare cache in a fraction of the time a compiled BPE model takes to build. Decoding is done here from the
-token texts, as llama.cpp's token_to_piece / detokenize do.
+its regex engine and llama.cpp's differ, `_onig` says how that is bridged. Step 3 needs only two str -> int tables
+(the vocabulary and the merge ranks), which load from the prepare cache packed (engine/text/packed.py), in a few ms.
+Decoding is done here from the token texts, as llama.cpp's token_to_piece / detokenize do.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import json
 import logging
 import marshal
 import re
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from tokenizers import Regex, pre_tokenizers
 
 from engine.errors import TokenizerError
 from engine.text.bpe import BytePairEncoder
+from engine.text.packed import PackedStrings, PackedTable, ints
 from engine.text.vocab_rules import EOG_TEXTS, FIM_EOG, FIM_TEXTS, LOOKED_UP, PRE, onig
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ _ATTR_OF_TYPE = (UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE
 _MATCHED = CONTROL | USER_DEFINED | UNKNOWN  # cut out of the input text before BPE
 _HIDDEN = CONTROL | UNKNOWN  # rendered as nothing unless special rendering is asked for
 
-_CACHE_MAGIC = b"engine.tokenizer/3\n"
+_CACHE_MAGIC = b"engine.tokenizer/4\n"
 # what a Tokenizer is built from besides tokens / attrs / merges (and its cache stores)
 _META_KEYS = ("pre", "regexes", "clean_spaces", "ignore_merges", "chat_template", "bos_id", "eos_id", "eog_ids")
 _META_KEYS += ("add_bos", "add_eos")
@@ -134,11 +136,12 @@ class Tokenizer:
     Build with `from_gguf` / `from_metadata`, or `from_cache_bytes` on the output of `to_cache_bytes`.
     """
 
-    def __init__(self, vocab: dict[str, int], ranks: dict[str, int], attrs: bytearray, meta: dict[str, Any],
-                 special: list[tuple[str, int, bool]], tokens: list[str] | None = None):  # fmt: skip
-        # vocab: token text -> id; ranks: "left right" -> merge rank; attrs: (vocab_size,) llama_token_attr bits, a
-        # byte per token; meta: the _META_KEYS; special: (text, id, hidden) of the tokens cut out before BPE, longest
-        # first; tokens: id -> text when the caller has it (else built from vocab on first use).
+    def __init__(self, vocab: Mapping[str, int], ranks: Mapping[str, int], attrs: bytearray, meta: dict[str, Any],
+                 special: list[tuple[str, int, bool]], tokens: Sequence[str] | None = None):  # fmt: skip
+        # vocab: token text -> id; ranks: "left right" -> merge rank (dicts, or packed tables from the cache); attrs:
+        # (vocab_size,) llama_token_attr bits, a byte per token; meta: the _META_KEYS; special: (text, id, hidden) of
+        # the tokens cut out before BPE, longest first; tokens: id -> text when the caller has it (else built from
+        # vocab on first use).
         self._vocab, self._ranks, self._attrs, self._meta = vocab, ranks, attrs, meta
         self._token_list = tokens
         self.vocab_size = len(vocab)
@@ -158,7 +161,7 @@ class Tokenizer:
         self._bpe = BytePairEncoder(vocab, ranks, meta["ignore_merges"])
 
     @property
-    def _tokens(self) -> list[str]:
+    def _tokens(self) -> Sequence[str]:
         if self._token_list is None:
             tokens = [""] * self.vocab_size
             for text, i in self._vocab.items():
@@ -230,11 +233,17 @@ class Tokenizer:
 
     def to_cache_bytes(self) -> bytes:
         """One self-contained blob from which `from_cache_bytes` rebuilds this tokenizer: a magic line, a JSON line
-        (meta, sparse attrs, special tokens) and the vocab and merge-rank dicts in `marshal` form (the fastest
-        builtin to load; unlike pickle it cannot run code)."""
+        (meta, sparse attrs, special tokens) and, in `marshal` form (the fastest builtin to load; unlike pickle it
+        cannot run code), the packed tables of engine/text/packed.py: the token texts in id order with the ids in
+        text order, and the merge keys in text order with their ranks."""
         odd = _indices(self._attrs, 0, equal=NORMAL)  # attrs are NORMAL almost everywhere: store the exceptions
         header = {**self._meta, "attrs": [odd, [self._attrs[i] for i in odd]], "special": self._special}
-        return _CACHE_MAGIC + json.dumps(header).encode() + b"\n" + marshal.dumps((self._vocab, self._ranks))
+        tokens = PackedStrings.pack(self._tokens[i] for i in range(self.vocab_size))
+        order = sorted(range(self.vocab_size), key=self._tokens.__getitem__)
+        ranks = PackedTable.pack(self._ranks.items())
+        table = (tokens.blob, tokens.ends.tobytes(), array("q", order).tobytes(), ranks._keys.blob,
+                 ranks._keys.ends.tobytes(), ranks._values.tobytes())  # fmt: skip
+        return _CACHE_MAGIC + json.dumps(header).encode() + b"\n" + marshal.dumps(table)
 
     @classmethod
     @_gc_paused()
@@ -243,11 +252,12 @@ class Tokenizer:
         if not data.startswith(_CACHE_MAGIC):
             raise TokenizerError(f"not a tokenizer cache (expected it to start with {_CACHE_MAGIC!r})")
         try:
-            header, table = data[len(_CACHE_MAGIC) :].split(b"\n", 1)
-            state = json.loads(header)
-            vocab, ranks = marshal.loads(table)
-            if not (isinstance(vocab, dict) and isinstance(ranks, dict)):
-                raise ValueError("the vocab and ranks are not dicts")
+            nl = data.index(b"\n", len(_CACHE_MAGIC))  # the JSON line; the tables follow (read in place)
+            state = json.loads(data[len(_CACHE_MAGIC) : nl])
+            tok_blob, tok_ends, order, rank_blob, rank_ends, rank_values = marshal.loads(memoryview(data)[nl + 1 :])
+            tokens = PackedStrings(tok_blob, ints(tok_ends))
+            vocab = PackedTable(tokens, ints(order))
+            ranks = PackedTable(PackedStrings(rank_blob, ints(rank_ends)), None, ints(rank_values))
             attrs = bytearray([NORMAL]) * len(vocab)
             for i, a in zip(*state["attrs"], strict=True):
                 attrs[i] = a
@@ -255,7 +265,7 @@ class Tokenizer:
             special = [(str(t), int(i), bool(h)) for t, i, h in state["special"]]
         except (KeyError, IndexError, TypeError, ValueError, EOFError) as e:
             raise TokenizerError(f"tokenizer cache is damaged: {e!r}") from e
-        return cls(vocab, ranks, attrs, meta, special)
+        return cls(vocab, ranks, attrs, meta, special, tokens)
 
     def encode(
         self, text: str, add_bos: bool | None = None, add_eos: bool | None = None, parse_special: bool = True
