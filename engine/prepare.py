@@ -15,7 +15,7 @@ It lives beside the model and nowhere else (the loader looks there only). Nothin
   the lengths add up to the cache file's size and are within MAX_SECTION, so a garbage file costs one small read.
 Any mismatch means: ignore the cache with a log line and parse the GGUF, which gives the same answer.
 
-Layout: b"RFLXCACHE2\\n" | u64 JSON length | u64 tokenizer length | sha256(JSON + tokenizer) | JSON | tokenizer.
+Layout: b"RFLXCACHE3\\n" | u64 JSON length | u64 tokenizer length | sha256(JSON + tokenizer) | JSON | tokenizer.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"RFLXCACHE2\n"
-FORMAT = 2
+MAGIC = b"RFLXCACHE3\n"  # 3: the tokenizer packed (engine/text/packed.py)
+FORMAT = 3
 _PREAMBLE = struct.Struct("<QQ32s")
 MAX_SECTION = 1 << 28  # bytes of the JSON or of the tokenizer section (a 150 K vocabulary's is ~6 MB)
 SAMPLES, SAMPLE_BYTES = 64, 1 << 14
@@ -54,6 +54,15 @@ class OpenedModel:
 
 def cache_path(model_path: str) -> str:
     return model_path + ".reflex-cache"
+
+
+def cache_is_current(model_path: str) -> bool:
+    """Whether the model has a cache of this format beside it (its magic only: the full checks run on open)."""
+    try:
+        with open(cache_path(model_path), "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 def file_sha256(path: str) -> str:

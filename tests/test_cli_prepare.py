@@ -101,6 +101,18 @@ def test_stale_or_broken_cache_is_ignored(model_copy, caplog):
     assert prepare.open_model(model_copy).cache_used is False
 
 
+def test_a_cache_of_an_older_format_is_written_again(model_copy):
+    """The worker's ensure_prepared replaces a cache whose format is not the current one (a model folder prepared by
+    an older image) instead of leaving every cold start to parse the GGUF."""
+    from engine.worker import models
+
+    with open(prepare.cache_path(model_copy), "wb") as f:
+        f.write(b"RFLXCACHE2\n" + b"\0" * 64)
+    assert not prepare.cache_is_current(model_copy)
+    assert models.ensure_prepared(model_copy)
+    assert prepare.cache_is_current(model_copy) and prepare.open_model(model_copy).cache_used
+
+
 def in_process(*args: str) -> tuple[int, dict]:
     """(exit code, last JSON line) of cli.main in this process: argument errors never reach the engine."""
     import contextlib

@@ -191,10 +191,11 @@ def parse_reference(spec: str) -> dict[str, str] | None:
 
 
 def ensure_prepared(path: str) -> bool:
-    """Write the prepare cache beside `path` if it has none; False where the folder is read-only."""
+    """Write the prepare cache beside `path` if it has none of the current format; False where the folder is
+    read-only."""
     from engine import prepare
 
-    if os.path.exists(prepare.cache_path(path)):
+    if prepare.cache_is_current(path):
         return True
     try:
         prepare.write_cache(path)
