@@ -209,6 +209,26 @@ def test_background_imports_hand_over_the_sdk_or_its_error(background):
         broken.wait()
 
 
+@pytest.mark.parametrize(("setting", "during"), [(None, 0.0005), ("0.2", 0.0002), ("default", None), ("x", 0.0005)])
+def test_the_import_thread_holds_a_short_switch_interval_and_gives_it_back(tmp_path, monkeypatch, setting, during):
+    """While the import thread runs, the GIL's switch interval is REFLEX_IMPORT_SWITCH_MS (0.5 ms unless set;
+    "default" leaves Python's); once the thread is done it is Python's again."""
+    before = sys.getswitchinterval()
+    (tmp_path / "switch_probe_mod.py").write_text("import sys\nSEEN = sys.getswitchinterval()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "switch_probe_mod", raising=False)
+    if setting is None:
+        monkeypatch.delenv("REFLEX_IMPORT_SWITCH_MS", raising=False)
+    else:
+        monkeypatch.setenv("REFLEX_IMPORT_SWITCH_MS", setting)
+    imports = serverless.RunpodImport(preload=("switch_probe_mod",), sdk=False)
+    imports.wait()
+    imports.settle()
+    seen = sys.modules["switch_probe_mod"].SEEN
+    assert abs(seen - (before if during is None else during)) < 1e-9
+    assert sys.getswitchinterval() == before
+
+
 def test_a_model_that_does_not_load_fails_every_job_and_the_fitness_check(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
