@@ -21,6 +21,47 @@ from tests.test_lora_fixture import FIXTURES, load_fixture, make_adapters
 
 PROMPT_IDS = [998, 12, 400, 77, 531, 9, 250, 868, 33, 101, 640, 2, 45, 700, 18, 3, 500, 91, 222, 17] * 3
 
+# A router's top-k gap (in logits) under which the quantized bases' TF32 prefill GEMM may pick either expert of the
+# near-tie: then the logits can differ by far more than the GEMM's own error, and the comparison says nothing about the
+# adapters. Measured on deepseek2-tiny-q8_0 (2026-12-01): a seed that failed (error 0.10) had a gap of 8.1e-5; seven
+# that passed, 1.2e-3 to 9.7e-3.
+ROUTING_TIE = 1e-3
+
+
+def _min_router_gap(run):
+    """(run()'s result, the smallest gap between the k-th and (k+1)-th router logits of a token in the CPU routing
+    calls it made; 0 where a bias or expert groups make the logits' order not the choice's, inf without MoE)."""
+    from engine.models import moe
+
+    gaps: list[float] = []
+    route = moe.route
+
+    def recording(logits, cfg, bias=None):
+        if bias is not None or cfg.n_groups > 1:
+            gaps.append(0.0)
+        else:
+            top = -np.sort(-logits, axis=-1)
+            gaps.append(float((top[:, cfg.n_experts_used - 1] - top[:, cfg.n_experts_used]).min()))
+        return route(logits, cfg, bias)
+
+    moe.route = recording
+    try:
+        return run(), min(gaps, default=float("inf"))
+    finally:
+        moe.route = route
+
+
+def _checked_prefill(cpu, cuda, base_name: str, prefill: int) -> tuple[float, float, float] | None:
+    """(error, scale, tolerance) of the CUDA rows against the CPU ones, or None where a quantized base's prefill GEMM
+    meets a routing near-tie (ROUTING_TIE)."""
+    gemm = not base_name.endswith("f32") and prefill > 48
+    want, gap = _min_router_gap(lambda: _rows(cpu, PROMPT_IDS, prefill))
+    if gemm and gap < ROUTING_TIE:
+        print(f"{base_name} prefill {prefill}: a router near-tie ({gap:.2g}), the TF32 GEMM comparison skipped")
+        return None
+    got = _rows(cuda, PROMPT_IDS, prefill)
+    return float(np.abs(got - want).max()), max(1.0, float(np.abs(want).max())), 5e-3 if gemm else 1e-4
+
 
 def _pair(base: str, tmp_path, rank: int, seed: int, dtype=np.float32) -> str:
     gf = read(base)
@@ -98,9 +139,10 @@ def test_cuda_lora_of_the_hybrid_and_mla_families_matches_the_cpu_backend(tmp_pa
     plain = Engine.load(base, backend="cuda", max_seq_len=128)
     assert cuda.backend == "cuda"
     for prefill in (len(PROMPT_IDS), 7, 1):  # GEMM chunk, matvec passes, decode steps
-        err, scale = _max_err(cpu, cuda, PROMPT_IDS, prefill)
-        tol = 1e-4 if base_name.endswith("f32") or prefill <= 48 else 5e-3
-        assert err <= tol * scale, (base_name, prefill, err, seed)
+        checked = _checked_prefill(cpu, cuda, base_name, prefill)
+        if checked is not None:
+            err, scale, tol = checked
+            assert err <= tol * scale, (base_name, prefill, err, seed)
         assert _max_err(cpu, plain, PROMPT_IDS, prefill)[0] > 1e-2  # the adapters are applied
     cands = [" Paris", " the city of lights"]
     s_cpu, s_cuda = cpu.system1("The capital of France is", cands), cuda.system1("The capital of France is", cands)
@@ -149,10 +191,11 @@ def test_cuda_lora_of_the_moe_family_matches_the_cpu_backend(tmp_path, base_name
     assert cuda.backend == "cuda"
     # the grouped expert GEMM (60 tokens), a 3-token matvec pass then decode steps, decode steps alone
     for prefill in (len(PROMPT_IDS), 3, 1):
-        err, scale = _max_err(cpu, cuda, PROMPT_IDS, prefill)
-        tol = 1e-4 if base_name.endswith("f32") or prefill <= 48 else 5e-3
-        print(f"{base_name} {targets} prefill {prefill}: max abs {err:.3g}")
-        assert err <= tol * scale, (base_name, targets, prefill, err, seed)
+        checked = _checked_prefill(cpu, cuda, base_name, prefill)
+        if checked is not None:
+            err, scale, tol = checked
+            print(f"{base_name} {targets} prefill {prefill}: max abs {err:.3g}")
+            assert err <= tol * scale, (base_name, targets, prefill, err, seed)
         assert _max_err(cpu, plain, PROMPT_IDS, prefill)[0] > 1e-2  # the adapters are applied
     cands = [" Paris", " the city of lights"]
     s_cpu, s_cuda = cpu.system1("The capital of France is", cands), cuda.system1("The capital of France is", cands)
