@@ -124,7 +124,7 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
         if (staged) {
             constexpr int P = STAGE_PITCH<T>, NG = P / 16;  // granules a row; buf: [matrix * ROWS + row][P]
             const int blk_row0 = (blk < 0 ? int(blockIdx.x) : blk) * ROWS;
-            const int nb = G / (q::Quant<T>::QK / 8) * q::Quant<T>::BYTES;  // = row_bytes
+            const int nb = int(row_bytes);  // at most CHUNK_GROUPS groups: a few KB
             for (int i = tid; i < NM * ROWS * NG; i += THREADS) {
                 const int s = i / NG;  // the staged row: matrix s / ROWS, row blk_row0 + s % ROWS
                 const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(blk_row0 + s % ROWS, R - 1) * row_bytes;

@@ -78,6 +78,14 @@ class PackedTable(Mapping[str, int]):
         self._dict: dict[str, int] | None = None
         self._lookups = 0
 
+    @property
+    def packed_keys(self) -> PackedStrings:
+        return self._keys
+
+    @property
+    def packed_values(self) -> array | None:
+        return self._values
+
     @classmethod
     def pack(cls, items: Iterable[tuple[str, int]]) -> PackedTable:
         """The table of `items` (distinct keys), keys stored in code-point order."""

@@ -241,8 +241,9 @@ class Tokenizer:
         tokens = PackedStrings.pack(self._tokens[i] for i in range(self.vocab_size))
         order = sorted(range(self.vocab_size), key=self._tokens.__getitem__)
         ranks = PackedTable.pack(self._ranks.items())
-        table = (tokens.blob, tokens.ends.tobytes(), array("q", order).tobytes(), ranks._keys.blob,
-                 ranks._keys.ends.tobytes(), ranks._values.tobytes())  # fmt: skip
+        rank_keys, rank_values = ranks.packed_keys, ranks.packed_values
+        table = (tokens.blob, tokens.ends.tobytes(), array("q", order).tobytes(), rank_keys.blob,
+                 rank_keys.ends.tobytes(), rank_values.tobytes())  # fmt: skip
         return _CACHE_MAGIC + json.dumps(header).encode() + b"\n" + marshal.dumps(table)
 
     @classmethod
