@@ -19,6 +19,7 @@ namespace {
 // [N * blockIdx.z, +N). The tokens' x rows are staged in shared memory once; each thread walks its weight row in
 // 8-value groups (dequantized in registers) and reuses every group for all N tokens, whose x it reads as broadcasts.
 constexpr int HM_THREADS = 128;
+constexpr int HM_WARP_THREADS = 256;  // head_matvec_warp
 constexpr int HM_MAX_K = 512;
 
 template <int T, int N>
@@ -54,6 +55,35 @@ __device__ __forceinline__ void head_matvec(const uint8_t* __restrict__ W, long 
 #pragma unroll
     for (int t = 0; t < N; ++t)
         if (t < nt) y[(t0 + t) * y_tok + (long long)h * y_head + r] = acc[t];
+}
+
+// One token, a warp a row: block 256 = rows [8 * blockIdx.x, +8) of head blockIdx.y, lane L on the row's 8-value
+// groups L, L + 32 (K <= 512: two at most), then a warp sum. The thread-a-row form above leaves one token's launch
+// with too few threads: for DeepSeek-V2-Lite's attn_v_b (16 heads of 128 rows, K = 512) 16 blocks of 128 threads,
+// each walking 64 groups in turn, 11.4 us a launch on an H200.
+template <int T>
+__device__ __forceinline__ void head_matvec_warp(const uint8_t* __restrict__ W, long long row_bytes, int R, int K,
+                                                 const float* __restrict__ x, int x_head, float* __restrict__ y,
+                                                 int y_head) {
+    const int h = blockIdx.y, lane = threadIdx.x & 31, r = blockIdx.x * (HM_WARP_THREADS / 32) + (threadIdx.x >> 5);
+    if (r >= R) return;  // a whole warp leaves: no block barrier below
+    const uint8_t* row = W + ((long long)h * R + r) * row_bytes;
+    const float* xh = x + (long long)h * x_head;
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HM_MAX_K / 256; ++i) {
+        const int g = lane + 32 * i;
+        if (8 * g < K) {
+            float w[8];
+            q::Quant<T>::load8(row, g, w);
+            const float4 a = ldg4(xh + 8 * g), b = ldg4(xh + 8 * g + 4);
+            acc = fmaf(w[0], a.x, fmaf(w[1], a.y, fmaf(w[2], a.z, fmaf(w[3], a.w, acc))));
+            acc = fmaf(w[4], b.x, fmaf(w[5], b.y, fmaf(w[6], b.z, fmaf(w[7], b.w, acc))));
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[(long long)h * y_head + r] = acc;
 }
 
 // ---- absorbed attention ------------------------------------------------------------------------------------------
@@ -165,7 +195,14 @@ __device__ __forceinline__ void attn_block(const float* __restrict__ q, const fl
                                      long long x_tok, int x_head, int n, float* y, long long y_tok, int y_head) {  \
         head_matvec<T, N>(W, row_bytes, R, K, x, x_tok, x_head, n, y, y_tok, y_head);                               \
     }
-#define HEAD_MATVEC(tag, T) HEAD_MATVEC_N(tag, T, 1) HEAD_MATVEC_N(tag, T, 16)
+// grid (ceil(R / 8), H), block 256: one token, a warp a row.
+#define HEAD_MATVEC_WARP(tag, T)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(HM_WARP_THREADS)                                                  \
+        mla_head_matvec_##tag##_w(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int x_head,  \
+                                  float* y, int y_head) {                                                          \
+        head_matvec_warp<T>(W, row_bytes, R, K, x, x_head, y, y_head);                                             \
+    }
+#define HEAD_MATVEC(tag, T) HEAD_MATVEC_N(tag, T, 1) HEAD_MATVEC_N(tag, T, 16) HEAD_MATVEC_WARP(tag, T)
 Q_FOR_EACH_TYPE(HEAD_MATVEC)
 
 // grid (ceil(H / 8), n_splits, n), block 256. n_splits == 1 writes out[n, H, R] normalised; n_splits > 1 writes

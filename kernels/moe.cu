@@ -87,8 +87,26 @@ extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
               const float* gate_shexp,          // optional [dim]: sgate[t] = sigmoid(gate_shexp . xn[t])
               int* ids, float* w,               // [n, k] out: experts best first, their weights
               float* sgate) {                   // [n] out (only with gate_shexp)
-    moe::route_token(logits, E, k, sigmoid, bias, n_groups, n_groups_used, norm, scale, xn, dim, gate_shexp, ids, w,
-                     sgate);
+    moe::route_token<false>(blockIdx.x, logits, E, k, sigmoid, bias, n_groups, n_groups_used, norm, scale, xn, dim,
+                            gate_shexp, ids, w, sgate);
+}
+
+// One token, block 256, grid ceil((E + (gate_shexp ? 1 : 0)) / 8): moe_route's arguments with the norm and an F32
+// router in front (moe_route.cuh, route_decode).
+extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
+    moe_route_decode(const float* x,           // [dim] the residual; dim % 4 == 0
+                     const float* norm_w, float eps, int dim,
+                     const float* W,           // [E, dim] F32 router rows (ffn_gate_inp), 16-byte aligned
+                     int E, int k, int sigmoid, const float* bias, int n_groups, int n_groups_used, int norm,
+                     float scale,
+                     const float* gate_shexp,  // optional [dim] F32: sgate[0] = sigmoid(gate_shexp . xn)
+                     float* xn,                // [dim] out: RMSNorm(x) * norm_w
+                     float* logits,            // [E] out
+                     int* counter,             // [1] zero before the first launch; every launch leaves it zero
+                     int* ids, float* w,       // [k] out each, best first
+                     float* sgate) {           // [1] out (with gate_shexp)
+    moe::route_decode(x, norm_w, eps, dim, W, E, k, sigmoid, bias, n_groups, n_groups_used, norm, scale, gate_shexp,
+                      xn, logits, counter, ids, w, sgate);
 }
 
 // Block 1024, grid 1.

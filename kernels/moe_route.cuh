@@ -1,7 +1,8 @@
 // Routing on the device, and the grouping of routed rows by expert for the prefill GEMM. Contract: kernels/README.md,
 // "moe.cu". Kernels: moe.cu.
 //
-// route_token (one block per token) is engine/models/moe.py's `route` step for step, in float32: softmax or sigmoid
+// route_token (one block per token; route_decode fuses the norm and the router matvec in front for one token) is
+// engine/models/moe.py's `route` step for step, in float32: softmax or sigmoid
 // of the router logits, `exp_probs_b` added for the choice only, expert groups (keep the n_groups_used groups whose
 // two best scores sum highest), then top-k. The order is NumPy's stable argsort of -select: larger first, ties to the
 // lower index (groups too), NaN after every number. Equal logits give equal probabilities here and in NumPy, so ties
@@ -48,14 +49,21 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 }
 
 // chosen[j] = the expert of rank j < k by `before` (a strict total order, so the ranks are 0..E-1, each once): the
-// first k of NumPy's stable argsort of -sel, as choosing the best not yet taken k times would give. Each thread ranks
-// its experts against all E (shared-memory broadcasts), with one barrier in all.
+// first k of NumPy's stable argsort of -sel, as choosing the best not yet taken k times would give. P lanes of a warp
+// rank each expert (P the largest power of 2 up to 32 with P * E <= the block's threads), each against every P-th
+// competitor in shared memory (broadcasts), and add their counts; one barrier in all.
 __device__ __forceinline__ void top_k(const float* sel, int E, int k, int* chosen) {
-    for (int e = threadIdx.x; e < E; e += ROUTE_THREADS) {
-        const float v = sel[e];
+    int P = 1;
+    while (P < 32 && 2 * P * E <= ROUTE_THREADS) P *= 2;
+    for (int base = 0; base < E * P; base += ROUTE_THREADS) {  // uniform over the block: shuffles below are safe
+        const int slot = base + threadIdx.x, e = slot / P, part = slot % P;
         int rank = 0;
-        for (int f = 0; f < E; ++f) rank += before(sel[f], f, v, e);
-        if (rank < k) chosen[rank] = e;
+        if (e < E) {
+            const float v = sel[e];
+            for (int f = part; f < E; f += P) rank += before(sel[f], f, v, e);
+        }
+        for (int o = 1; o < P; o <<= 1) rank += __shfl_xor_sync(cm::FULL, rank, o);
+        if (e < E && part == 0 && rank < k) chosen[rank] = e;
     }
     __syncthreads();
 }
@@ -85,7 +93,15 @@ __device__ __forceinline__ void drop_groups(float* sel, int E, int n_groups, int
     __syncthreads();
 }
 
-__device__ __forceinline__ void route_token(const float* __restrict__ logits, int E, int k, int sigmoid,
+// Logits another block of this launch wrote (CG, after the ticket's fence) are read through L2 only.
+template <bool CG>
+__device__ __forceinline__ float ld_logit(const float* p) {
+    if constexpr (CG) return __ldcg(p);
+    return *p;
+}
+
+template <bool CG>
+__device__ __forceinline__ void route_token(int t, const float* __restrict__ logits, int E, int k, int sigmoid,
                                             const float* __restrict__ bias, int n_groups, int n_groups_used, int norm,
                                             float scale, const float* __restrict__ xn, int dim,
                                             const float* __restrict__ gate_shexp, int* __restrict__ ids,
@@ -96,17 +112,17 @@ __device__ __forceinline__ void route_token(const float* __restrict__ logits, in
     __shared__ unsigned char gdrop[MAX_GROUPS];
     __shared__ float scratch[NW];
     __shared__ int chosen[MAX_K];
-    const int t = blockIdx.x, tid = threadIdx.x;
+    const int tid = threadIdx.x;
     const float* z = logits + (long long)t * E;
 
     // probs = softmax(z) = exp(z - max) / sum, or sigmoid(z) = 1 / (1 + exp(-z)), as engine/cpu/ops.py.
     float m = -INFINITY, s = 0.f;
     if (!sigmoid) {
-        for (int e = tid; e < E; e += ROUTE_THREADS) m = fmaxf(m, z[e]);
+        for (int e = tid; e < E; e += ROUTE_THREADS) m = fmaxf(m, ld_logit<CG>(z + e));
         m = block_max<NW>(m, scratch);
     }
     for (int e = tid; e < E; e += ROUTE_THREADS) {
-        const float p = sigmoid ? 1.f / (1.f + expf(-z[e])) : expf(z[e] - m);
+        const float ze = ld_logit<CG>(z + e), p = sigmoid ? 1.f / (1.f + expf(-ze)) : expf(ze - m);
         prob[e] = p;
         s += p;
     }
@@ -139,6 +155,65 @@ __device__ __forceinline__ void route_token(const float* __restrict__ logits, in
         d = cm::block_sum<NW>(d, scratch);
         if (tid == 0) sgate[t] = 1.f / (1.f + expf(-d));
     }
+}
+
+// One decode token from the residual: xn = RMSNorm(x) * norm_w (as norm_rope.cu's rmsnorm_rows: every block
+// computes the sum of squares in the same order, block b writes its share of xn), logits = W . xn for F32 router rows,
+// a warp a row (row E, when gate_shexp is given: sgate = sigmoid(gate_shexp . xn)), then the last block to finish (a
+// ticket from *counter, which it sets back to 0) routes the token as route_token does. One launch instead of
+// rmsnorm_rows, the router matvec and moe_route.
+__device__ __forceinline__ void route_decode(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+                                             int dim, const float* __restrict__ W, int E, int k, int sigmoid,
+                                             const float* __restrict__ bias, int n_groups, int n_groups_used,
+                                             int norm, float scale, const float* __restrict__ gate_shexp,
+                                             float* __restrict__ xn, float* logits, int* counter,
+                                             int* __restrict__ ids, float* __restrict__ w, float* __restrict__ sgate) {
+    constexpr int NW = ROUTE_THREADS / 32;
+    __shared__ float red[NW];
+    __shared__ int ticket;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float ss = 0.f;
+    for (int i = tid; i < dim; i += ROUTE_THREADS) {
+        const float v = x[i];
+        ss = fmaf(v, v, ss);
+    }
+    ss = cm::warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    ss = cm::warp_sum(lane < NW ? red[lane] : 0.f);
+    const float r = 1.0f / sqrtf(ss / float(dim) + eps);  // not rsqrtf: as rmsnorm_rows
+    const int share = (dim + gridDim.x - 1) / gridDim.x, c0 = blockIdx.x * share, c1 = min(c0 + share, dim);
+    for (int i = c0 + tid; i < c1; i += ROUTE_THREADS) xn[i] = (x[i] * r) * norm_w[i];
+
+    const int row = blockIdx.x * NW + warp;
+    const float* wr = row < E ? W + (long long)row * dim : row == E ? gate_shexp : nullptr;
+    if (wr) {  // dim % 4 == 0, rows 16-byte aligned
+        float d = 0.f;
+        for (int c = 4 * lane; c < dim; c += 128) {
+            const float4 a = *reinterpret_cast<const float4*>(wr + c), v = *reinterpret_cast<const float4*>(x + c),
+                         g = *reinterpret_cast<const float4*>(norm_w + c);
+            d = fmaf(a.x, (v.x * r) * g.x, d);
+            d = fmaf(a.y, (v.y * r) * g.y, d);
+            d = fmaf(a.z, (v.z * r) * g.z, d);
+            d = fmaf(a.w, (v.w * r) * g.w, d);
+        }
+        d = cm::warp_sum(d);
+        if (lane == 0) {
+            if (row < E) logits[row] = d;
+            else sgate[0] = 1.f / (1.f + expf(-d));
+        }
+    }
+    __syncthreads();  // every warp's logit written before the ticket
+    if (tid == 0) {
+        __threadfence();
+        ticket = atomicAdd(counter, 1);
+    }
+    __syncthreads();
+    if (ticket != int(gridDim.x) - 1) return;
+    __threadfence();
+    route_token<true>(0, logits, E, k, sigmoid, bias, n_groups, n_groups_used, norm, scale, nullptr, 0, nullptr, ids,
+                      w, nullptr);
+    if (tid == 0) *counter = 0;  // for the next launch
 }
 
 __device__ __forceinline__ void group_rows(const int* __restrict__ ids, int n_items, int k, int E, int max_tiles,

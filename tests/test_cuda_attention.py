@@ -19,6 +19,7 @@ from engine.cuda import k_attention as ka
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import k_sample as ks
 from engine.cuda.memory import DeviceArray
+from engine.errors import CudaError
 from engine.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.gpu
@@ -188,6 +189,30 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
 def test_attn_decode(L: int, group: int, hd: int, seed: int) -> None:
     for n_splits in (1, 5, 32, 64):
         check_decode(L, group, hd, hd, n_splits, seed)
+
+
+@pytest.mark.parametrize("n_splits, vd", [(1, 64), (7, 200), (32, 512), (64, 132)])
+def test_attn_combine(n_splits: int, vd: int, seed: int) -> None:
+    """Random partials (some splits empty: m = -inf, l = 0), vd not a multiple of 128: the weighted sum over the
+    splits, normalised, against float64; the slack of out past H * vd keeps its poison."""
+    rng = np.random.default_rng(seed)
+    H = 5
+    o = rng.standard_normal((H, n_splits, vd)).astype(np.float32)
+    m = (3 * rng.standard_normal((H, n_splits))).astype(np.float32)
+    l = rng.uniform(0.5, 4.0, (H, n_splits)).astype(np.float32)
+    empty = rng.random((H, n_splits)) < 0.3
+    empty[:, 0] = False  # split 0 always holds key 0
+    m[empty], l[empty], o[empty] = -np.inf, 0.0, 0.0
+    ml = np.stack([m, l], axis=-1)
+    w = np.where(empty, 0.0, np.exp(m.astype(np.float64) - m.max(axis=1, keepdims=True)))
+    ref = (w[..., None] * o).sum(axis=1) / (w * l).sum(axis=1)[:, None]
+    out = poisoned((H * vd + 7,))
+    run(ka.attn_combine(dev(o), dev(ml), H, n_splits, vd, out))
+    got = out.to_host()
+    np.testing.assert_allclose(got[: H * vd].reshape(H, vd), ref, rtol=1e-5, atol=1e-6, err_msg=f"seed {seed}")
+    assert np.isnan(got[H * vd :]).all(), f"seed {seed}: written past H * vd"
+    with pytest.raises(CudaError, match="splits"):
+        ka.attn_combine(dev(o), dev(ml), H, 65, vd, out)
 
 
 def test_decode_launches_follow_the_dispatch_rule() -> None:

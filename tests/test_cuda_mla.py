@@ -94,6 +94,7 @@ HEAD_CASES = {  # name: (H, rows per head, K): absorption (R, nope) and decompre
     "k_b-real": (16, 512, 128),
     "v_b-real": (16, 128, 512),
     "k_b-v3": (128, 512, 128),  # DeepSeek V3's 128 heads
+    "odd": (3, 13, 96),  # rows a head not a multiple of 8 (the warp kernel's last block), groups not of 32 lanes
 }
 
 
@@ -106,15 +107,18 @@ def check_head_matvec(t: GGMLType, case: str, n: int, seed: int) -> None:
     w = DeviceWeight(w_dev.ptr, t, H * R, K, row_bytes(t, K), f"{case}-{t.name}")
     x_head, y_head = K + 8, R + 4  # padded heads, as q (nope + rope) and qa (R + rope) are
     x = rng.standard_normal((n, H, x_head)).astype(np.float32)
-    y = poisoned((n, H, y_head))
-    run(kmla.head_matvec(w, H, dev(x), H * x_head, x_head, n, y, H * y_head, y_head))
-    got = y.to_host()
     ref = np.einsum("hrk,thk->thr", w64, x[..., :K].astype(np.float64))
     tol = 1e-5 * np.einsum("hrk,thk->thr", np.abs(w64), np.abs(x[..., :K])) + 1e-30
-    ctx = f"{t.name} {case} n={n} seed {seed}"
-    assert not np.isnan(got[..., :R]).any(), f"{ctx}: unwritten outputs"
-    assert (np.abs(got[..., :R] - ref) <= tol).all(), f"{ctx}: max error {np.abs(got[..., :R] - ref).max():.3g}"
-    assert is_poison(got[..., R:]), f"{ctx}: written past a head's rows"
+    for warp in (True, False) if n == 1 else (True,):  # one token: the warp-a-row kernel and the thread-a-row one
+        y = poisoned((n, H, y_head))
+        launch = kmla.head_matvec(w, H, dev(x), H * x_head, x_head, n, y, H * y_head, y_head, warp=warp)
+        assert launch.name.endswith("_w") == (n == 1 and warp), launch.name
+        run(launch)
+        got = y.to_host()
+        ctx = f"{t.name} {case} n={n} warp={warp} seed {seed}"
+        assert not np.isnan(got[..., :R]).any(), f"{ctx}: unwritten outputs"
+        assert (np.abs(got[..., :R] - ref) <= tol).all(), f"{ctx}: max error {np.abs(got[..., :R] - ref).max():.3g}"
+        assert is_poison(got[..., R:]), f"{ctx}: written past a head's rows"
 
 
 @gpu

@@ -149,6 +149,56 @@ def test_route(route: str, n: int, ties: bool, seed: int) -> None:
     assert (got_ids[n * k :] == -1).all() and untouched(got_w[n * k :]) and untouched(got_g[n:]), context
 
 
+@pytest.mark.parametrize("dim", [256, 2080])
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "shexp-gate"])
+@pytest.mark.parametrize("route", ROUTES, ids=str)
+def test_route_decode(route: str, gated: bool, dim: int, seed: int) -> None:
+    """The norm, the F32 router and the route of one token in one launch: xn and the logits against float64, the
+    choice and weights against engine/models/moe.py's route of the device's own logits (a float32 near-tie then
+    cannot make the comparison flaky), the shared gate; poisoned slack untouched; the ticket back at 0 and a second
+    launch bit-identical."""
+    opts, n_experts, k = ROUTES[route]
+    moe = moe_cfg(opts, n_experts, k)
+    rng = np.random.default_rng(seed)
+    x0 = (3.0 * rng.normal(size=dim)).astype(np.float32)
+    norm_w = (1.0 + 0.2 * rng.normal(size=dim)).astype(np.float32)
+    router = (0.1 * rng.normal(size=(n_experts, dim))).astype(np.float32)
+    bias = (0.05 * rng.normal(size=n_experts)).astype(np.float32) if moe.gating == "sigmoid" else None
+    gate = (0.1 * rng.normal(size=dim)).astype(np.float32) if gated else None
+    keep, r_dev = f32_weight(router)
+    d_x, d_norm = DeviceArray.from_host(x0), DeviceArray.from_host(norm_w)
+    d_bias, d_gate = (None if a is None else DeviceArray.from_host(a) for a in (bias, gate))
+    xn, logits = poisoned((dim + 4,)), poisoned((n_experts + 3,))
+    ids, w, sgate, counter = poisoned((k + 5,), "i4"), poisoned((k + 5,)), poisoned((3,)), k_moe.route_counter()
+    launch = k_moe.route_decode(d_x, d_norm, 1e-6, r_dev, k, xn, logits, counter, ids, w,
+                                sigmoid=moe.gating == "sigmoid", bias=d_bias, n_groups=moe.n_groups,
+                                n_groups_used=moe.n_groups_used, norm=moe.weights_norm, scale=moe.weights_scale,
+                                gate_shexp=d_gate, sgate=sgate if gated else None)  # fmt: skip
+    run(launch)
+    context = f"{route} gated={gated} dim={dim} seed={seed}"
+    x = x0.astype(np.float64)
+    h = x / np.sqrt(np.mean(x * x) + 1e-6) * norm_w
+    got_xn, got_logits = xn.to_host(), logits.to_host()
+    np.testing.assert_allclose(got_xn[:dim], h, rtol=1e-6, atol=1e-6, err_msg=context)
+    np.testing.assert_allclose(got_logits[:n_experts], router @ h, rtol=1e-5, atol=1e-5, err_msg=context)
+    want_ids, want_w = M.route(got_logits[None, :n_experts], moe, bias)
+    got_ids, got_w, got_g = ids.to_host(), w.to_host(), sgate.to_host()
+    np.testing.assert_array_equal(got_ids[:k], want_ids[0], err_msg=context)
+    np.testing.assert_allclose(got_w[:k], want_w[0], rtol=2e-6, atol=1e-8, err_msg=context)
+    if gated:
+        np.testing.assert_allclose(got_g[0], ops.sigmoid(h @ gate), rtol=1e-5, atol=1e-6, err_msg=context)
+    assert untouched(got_g[1:] if gated else got_g), context
+    assert untouched(got_xn[dim:]) and untouched(got_logits[n_experts:]), context
+    assert (got_ids[k:] == -1).all() and untouched(got_w[k:]), context
+    assert counter.to_host()[0] == 0, f"{context}: ticket not reset"
+    ids.fill_byte(0xFF)
+    w.fill_byte(0xFF)
+    run(launch)
+    assert np.array_equal(ids.to_host(), got_ids) and np.array_equal(w.to_host().view(np.uint32),
+                                                                      got_w.view(np.uint32)), context  # fmt: skip
+    del keep
+
+
 # -- grouping by expert ------------------------------------------------------------------------------------------
 
 
@@ -419,7 +469,8 @@ class Layer:
 
 
 def _scratch_arrays(ffn: MoEFFN) -> list[DeviceArray]:
-    return [a for a in vars(ffn.s).values() if isinstance(a, DeviceArray)]
+    """The activations a pass writes before it reads them (not route_decode's ticket, zero between launches)."""
+    return [a for a in vars(ffn.s).values() if isinstance(a, DeviceArray) and a is not ffn.s.counter]
 
 
 @pytest.mark.parametrize("n", [1, 3, 8, 9, 37, 300])
@@ -433,7 +484,10 @@ def test_moe_ffn(name: str, n: int, seed: int) -> None:
     x0 = _xf(rng, MAX_BATCH, DIM)
     norm_w = (1.0 + 0.2 * rng.normal(size=DIM)).astype(np.float32)
     x, d_norm = DeviceArray.from_host(x0), DeviceArray.from_host(norm_w)
-    for launch in ffn.launches(x, n, d_norm):
+    launches = ffn.launches(x, n, d_norm)
+    names = [launch.name.split(".")[-1] for launch in launches]
+    assert ("moe_route_decode" in names) == (n == 1) and ("moe_route" in names) == (n > 1), names
+    for launch in launches:
         launch()
     memory.synchronize(0)
     got, logits = x.to_host(), ffn.s.logits.to_host()[:n]
@@ -483,6 +537,11 @@ def test_wrappers_reject_bad_arguments() -> None:
         k_moe.route(logits, 4, 8, 2, ids, w, n_groups=3)
     with pytest.raises(CudaError, match="logits: needs"):
         k_moe.route(logits, 5, 8, 2, ids, w)
+    q_router = DeviceWeight(0x1000, GGMLType.Q8_0, 8, 256, 272, "ffn_gate_inp")
+    assert not k_moe.fusable(q_router)
+    v, one = DeviceArray.empty((256,)), DeviceArray.empty((1,), "i4")
+    with pytest.raises(CudaError, match="F32"):
+        k_moe.route_decode(v, v, 1e-6, q_router, 2, v, DeviceArray.empty((8,)), one, ids, w)
     with pytest.raises(CudaError, match="routed rows"):
         k_moe.group(ids, 0, 2, 8, *(DeviceArray.empty((64,), "i4") for _ in range(4)))
     stack = DeviceWeight(0x1000, GGMLType.Q4_K, 256, 256, 144, "g")

@@ -14,6 +14,7 @@ from engine.cuda.memory import DeviceArray, need
 from engine.errors import CudaError
 
 MAX_HEAD_DIM = 256  # hd and vd; rope_dim / 2 <= 128 cos/sin pairs in shared memory
+MAX_COMBINE_SPLITS = 64  # attn_combine's weights in shared memory
 _SMEM_OPTIN = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _smem_set: dict[int, int] = {}
 
@@ -87,11 +88,14 @@ def split_counters(KVH: int) -> DeviceArray:
 
 def attn_combine(part_o: DeviceArray, part_ml: DeviceArray, H: int, n_splits: int, vd: int, out: DeviceArray) -> Launch:
     """out (H*vd,) f32 from split-key partials: part_o (H, n_splits, vd), part_ml (H, n_splits, 2) f32 (MLA's)."""
+    if not 1 <= n_splits <= MAX_COMBINE_SPLITS:
+        raise CudaError(f"attn_combine: {n_splits} splits, at most {MAX_COMBINE_SPLITS}")
     need(part_o, "part_o", "f4", H * n_splits * vd)
     need(part_ml, "part_ml", "f4", H * n_splits * 2)
     need(out, "out", "f4", H * vd)
     fn = driver.module("attention").fn("attn_combine")
-    return Launch(fn, (H,), (128,), [ptr(part_o), ptr(part_ml), i32(H), i32(n_splits), i32(vd), ptr(out)])
+    return Launch(fn, (H, (vd + 127) // 128), (128,), [ptr(part_o), ptr(part_ml), i32(H), i32(n_splits), i32(vd),
+                                                       ptr(out)])  # fmt: skip
 
 
 def prefill_smem_bytes(hd: int, vd: int) -> int:

@@ -17,6 +17,7 @@ from engine.quants import BLOCK_SIZES, GGMLType
 HEAD_MATVEC_THREADS = 128  # one weight row per thread
 HEAD_MATVEC_MAX_K = 512  # K floats of N tokens staged in shared memory
 HEAD_MATVEC_TOKENS = (1, 16)  # mla_head_matvec_*_n{N}: n == 1 uses N = 1, more tokens go 16 per block
+HEAD_MATVEC_WARP_ROWS = 8  # mla_head_matvec_*_w: one token, a warp a row, 8 rows a block
 ATTN_HEADS = 8  # heads per attention block (one warp each)
 ATTN_THREADS = 256
 MAX_LATENT = 512  # R, the value width
@@ -31,6 +32,7 @@ def head_matvec(
     n: int,  # tokens
     y: DeviceArray,  # y[t, h, r] at y_tok * t + y_head * h + r, r < R
     y_tok: int, y_head: int,
+    warp: bool = True,  # one token: a warp a row (mla_head_matvec_{t}_w); False: the thread-a-row kernel
 ) -> Launch:  # fmt: skip
     """y[t, h, :] = W_h . x[t, h, :] for every head h and token t < n (the weights read in place, per head)."""
     K = w.cols
@@ -47,6 +49,11 @@ def head_matvec(
     need_aligned_weight(w)
     need(x, "x", "f4", (n - 1) * x_tok + (H - 1) * x_head + K, aligned=True)
     need(y, "y", "f4", (n - 1) * y_tok + (H - 1) * y_head + R)
+    if n == 1 and warp:  # a warp a row: R * H warps instead of R * H threads
+        fn = driver.module("mla").fn(f"mla_head_matvec_{w.tag}_w")
+        args = [ptr(w.ptr), i64(w.row_bytes), i32(R), i32(K), ptr(x), i32(x_head), ptr(y), i32(y_head)]
+        return Launch(fn, ((R + HEAD_MATVEC_WARP_ROWS - 1) // HEAD_MATVEC_WARP_ROWS, H), (32 * HEAD_MATVEC_WARP_ROWS,),
+                      args)  # fmt: skip
     big_n = 1 if n == 1 else HEAD_MATVEC_TOKENS[-1]
     fn = driver.module("mla").fn(f"mla_head_matvec_{w.tag}_n{big_n}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(R), i32(K), ptr(x), i64(x_tok), i32(x_head), i32(n), ptr(y),

@@ -15,11 +15,13 @@ from engine.cuda.driver import Launch, f32, i32, i64, ptr
 from engine.cuda.k_gemm import _need_weight
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
+from engine.quants import GGMLType
 
 MAX_EXPERTS = 1024  # kernels/moe_route.cuh: shared-memory tables per expert
 MAX_K = 32  # experts used per token
 MAX_GROUPS = 64
 ROUTE_THREADS, GROUP_THREADS, MV_THREADS, MV_ROWS = 256, 1024, 256, 8
+ROUTE_WARPS = ROUTE_THREADS // 32  # route_decode: a warp a router row
 DOWN_ROWS = 2  # moe_down: 4 warps a row (kernels/moe_expert.cuh)
 TILE = 64  # rows (and weight rows) of a grouped-GEMM tile: gemm_tile.cuh's BM and BN
 GEMM_THREADS = 128
@@ -43,6 +45,13 @@ def _items(n_items: int, what: str) -> None:
         raise CudaError(f"{what}: {n_items} routed rows must be in 1..{MAX_GRID_Y}")
 
 
+def _route_shape(n_experts: int, k: int, n_groups: int, n_groups_used: int, n: int) -> None:
+    if not (1 <= k <= min(n_experts, MAX_K) and n_experts <= MAX_EXPERTS and n >= 1):
+        raise CudaError(f"moe route: k={k} of {n_experts} experts (at most {MAX_K} of {MAX_EXPERTS}), n={n}")
+    if n_groups > 1 and (n_groups > MAX_GROUPS or n_experts % n_groups or not 1 <= n_groups_used <= n_groups):
+        raise CudaError(f"moe route: {n_experts} experts in {n_groups} groups, {n_groups_used} used")
+
+
 def route(
     logits: DeviceArray,  # (n, n_experts) f4: ffn_gate_inp . xn
     n: int,
@@ -61,10 +70,7 @@ def route(
     gate_shexp: DeviceArray | None = None,  # (dim,) f4 ffn_gate_inp_shexp
     sgate: DeviceArray | None = None,  # (n,) f4 out: sigmoid(gate_shexp . xn[t])
 ) -> Launch:
-    if not (1 <= k <= min(n_experts, MAX_K) and n_experts <= MAX_EXPERTS and n >= 1):
-        raise CudaError(f"moe route: k={k} of {n_experts} experts (at most {MAX_K} of {MAX_EXPERTS}), n={n}")
-    if n_groups > 1 and (n_groups > MAX_GROUPS or n_experts % n_groups or not 1 <= n_groups_used <= n_groups):
-        raise CudaError(f"moe route: {n_experts} experts in {n_groups} groups, {n_groups_used} used")
+    _route_shape(n_experts, k, n_groups, n_groups_used, n)
     need(logits, "logits", "f4", n * n_experts)
     need(ids, "ids", "i4", n * k)
     need(w, "w", "f4", n * k)
@@ -80,6 +86,65 @@ def route(
             i32(n_groups_used), i32(1 if norm else 0), f32(scale), ptr(xn), i32(dim), ptr(gate_shexp), ptr(ids),
             ptr(w), ptr(sgate)]  # fmt: skip
     return Launch(fn, (n,), (ROUTE_THREADS,), args)
+
+
+def route_decode(
+    x: DeviceArray,  # (dim,) f4: one token's residual
+    norm_w: DeviceArray,  # (dim,) f4 ffn_norm
+    eps: float,
+    router: DeviceWeight,  # (n_experts, dim) F32 ffn_gate_inp
+    k: int,
+    xn: DeviceArray,  # (dim,) f4 out: RMSNorm(x) * norm_w, for the expert launches
+    logits: DeviceArray,  # (n_experts,) f4 out
+    counter: DeviceArray,  # (1,) i4, zero before the first launch (every launch leaves it zero): route_counter()
+    ids: DeviceArray,  # (k,) i4 out
+    w: DeviceArray,  # (k,) f4 out
+    *,
+    sigmoid: bool = False,
+    bias: DeviceArray | None = None,
+    n_groups: int = 1,
+    n_groups_used: int = 1,
+    norm: bool = True,
+    scale: float = 1.0,
+    gate_shexp: DeviceArray | None = None,  # (dim,) f4
+    sgate: DeviceArray | None = None,  # (1,) f4 out, with gate_shexp
+) -> Launch:
+    """route's result for one token straight from the residual: the FFN norm, the router matvec and the route in one
+    launch (the last block routes). fusable() says when a router can take it."""
+    E, dim = router.rows, router.cols
+    _route_shape(E, k, n_groups, n_groups_used, 1)
+    if not fusable(router):
+        raise CudaError(f"moe route_decode: {router.name} must be F32 with a width that is a multiple of 4")
+    need_aligned_weight(router)
+    for a, name in ((x, "x"), (norm_w, "norm_w"), (xn, "xn")):
+        need(a, name, "f4", dim, aligned=True)
+    need(logits, "logits", "f4", E)
+    need(counter, "counter", "i4", 1)
+    need(ids, "ids", "i4", k)
+    need(w, "w", "f4", k)
+    if bias is not None:
+        need(bias, "bias", "f4", E)
+    if gate_shexp is not None:
+        need(gate_shexp, "gate_shexp", "f4", dim, aligned=True)
+        need(sgate, "sgate", "f4", 1)
+    fn = driver.module("moe").fn("moe_route_decode")
+    args = [ptr(x), ptr(norm_w), f32(eps), i32(dim), ptr(router.ptr), i32(E), i32(k), i32(1 if sigmoid else 0),
+            ptr(bias), i32(n_groups), i32(n_groups_used), i32(1 if norm else 0), f32(scale), ptr(gate_shexp), ptr(xn),
+            ptr(logits), ptr(counter), ptr(ids), ptr(w), ptr(sgate)]  # fmt: skip
+    rows = E + (1 if gate_shexp is not None else 0)
+    return Launch(fn, ((rows + ROUTE_WARPS - 1) // ROUTE_WARPS,), (ROUTE_THREADS,), args)
+
+
+def fusable(router: DeviceWeight) -> bool:
+    """Whether route_decode can read this router: F32 rows whose width is a multiple of 4 (float4 loads)."""
+    return router.ggml_type == GGMLType.F32 and router.cols % 4 == 0
+
+
+def route_counter() -> DeviceArray:
+    """route_decode's ticket: (1,) i4, zeroed."""
+    c = DeviceArray.empty((1,), "i4")
+    c.fill_byte(0)
+    return c
 
 
 def group(

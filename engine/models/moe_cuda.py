@@ -3,7 +3,8 @@ and MLA families): engine/models/moe.py's math as kernel launches, residual adde
 
 Per MoE layer, for n tokens:
   xn = RMSNorm(x) * norm_w;  logits = ffn_gate_inp . xn  (matvec passes or the exact-f32 GEMM);
-  moe_route: gating, exp_probs_b, groups, top-k, weights (and the shared expert's sigmoid gate) on the device;
+  moe_route: gating, exp_probs_b, groups, top-k, weights (and the shared expert's sigmoid gate) on the device
+  (one token with an F32 router and no LoRA update of it: moe_route_decode, the three in one launch);
   shared expert (when the model has one): the dense matvec / GEMM launches;
   n <= 8 : moe_gate_up (every chosen expert of every token, one launch), moe_down (weighted sum + shared + residual);
   n >  8 : moe_group (rows sorted by expert), moe_gather, grouped GEMMs gate/up and down, moe_combine.
@@ -77,6 +78,7 @@ class _Scratch:
         self.ids = DeviceArray.empty((b, k), "i4")  # chosen experts, best first (b, k) i32
         self.wts = DeviceArray.empty((b, k))  # their weights (b, k) f32
         self.sgate = DeviceArray.empty((b,))  # the shared expert's sigmoid gate (b,) f32
+        self.counter = k_moe.route_counter()  # route_decode's ticket (1,) i32, zero between launches
         self.h = DeviceArray.empty((items, f))  # SwiGLU per item, token-major (n <= 8) or by expert (b*k, F) f32
         self.h2: DeviceArray | None = None  # up projections when gate/up types differ (b*k, F) f32
         s = m.shared_hidden_dim
@@ -173,14 +175,18 @@ class MoEFFN:
         return out
 
     def _part(self, x: DeviceArray, n: int, norm_w: DeviceArray) -> list[Launch]:
-        s, m = self.s, self.moe
-        out = [knr.rmsnorm_rows(x, norm_w, self.cfg.norm_eps, s.xn, n)]
-        out += _matmul(self.ffn_gate_inp, s.xn, n, s.logits, self.lora)
+        s, m, router = self.s, self.moe, self.ffn_gate_inp
         gate = self.ffn_gate_inp_shexp if self.shexp is not None else None
-        out.append(k_moe.route(s.logits, n, m.n_experts, m.n_experts_used, s.ids, s.wts,
-                               sigmoid=m.gating == "sigmoid", bias=self.exp_probs_b, n_groups=m.n_groups,
-                               n_groups_used=m.n_groups_used, norm=m.weights_norm, scale=m.weights_scale, xn=s.xn,
-                               gate_shexp=gate, sgate=s.sgate))  # fmt: skip
+        rule = {"sigmoid": m.gating == "sigmoid", "bias": self.exp_probs_b, "n_groups": m.n_groups,
+                "n_groups_used": m.n_groups_used, "norm": m.weights_norm, "scale": m.weights_scale}  # fmt: skip
+        if n == 1 and k_moe.fusable(router) and not self.lora.of(router.name):  # decode: norm + router + route
+            out = [k_moe.route_decode(x, norm_w, self.cfg.norm_eps, router, m.n_experts_used, s.xn, s.logits,
+                                      s.counter, s.ids, s.wts, gate_shexp=gate, sgate=s.sgate, **rule)]  # fmt: skip
+        else:
+            out = [knr.rmsnorm_rows(x, norm_w, self.cfg.norm_eps, s.xn, n)]
+            out += _matmul(router, s.xn, n, s.logits, self.lora)
+            out.append(k_moe.route(s.logits, n, m.n_experts, m.n_experts_used, s.ids, s.wts, xn=s.xn,
+                                   gate_shexp=gate, sgate=s.sgate, **rule))  # fmt: skip
         out += self._shared(n)
         return out + (self._small(x, n) if n <= SMALL_BATCH else self._grouped(x, n))
 
