@@ -539,6 +539,8 @@ def test_wrappers_reject_bad_arguments() -> None:
         k_moe.route(logits, 5, 8, 2, ids, w)
     q_router = DeviceWeight(0x1000, GGMLType.Q8_0, 8, 256, 272, "ffn_gate_inp")
     assert not k_moe.fusable(q_router)
+    wide = DeviceWeight(0x1000, GGMLType.F32, 8, k_moe.ROUTE_MAX_DIM + 32, 4 * (k_moe.ROUTE_MAX_DIM + 32), "wide")
+    assert not k_moe.fusable(wide) and k_moe.fusable(DeviceWeight(0x1000, GGMLType.F32, 8, 256, 1024, "r"))
     v, one = DeviceArray.empty((256,)), DeviceArray.empty((1,), "i4")
     with pytest.raises(CudaError, match="F32"):
         k_moe.route_decode(v, v, 1e-6, q_router, 2, v, DeviceArray.empty((8,)), one, ids, w)

@@ -22,6 +22,7 @@ MAX_K = 32  # experts used per token
 MAX_GROUPS = 64
 ROUTE_THREADS, GROUP_THREADS, MV_THREADS, MV_ROWS = 256, 1024, 256, 8
 ROUTE_WARPS = ROUTE_THREADS // 32  # route_decode: a warp a router row
+ROUTE_MAX_DIM = 8192  # route_decode: xn in shared memory
 DOWN_ROWS = 2  # moe_down: 4 warps a row (kernels/moe_expert.cuh)
 TILE = 64  # rows (and weight rows) of a grouped-GEMM tile: gemm_tile.cuh's BM and BN
 GEMM_THREADS = 128
@@ -114,7 +115,7 @@ def route_decode(
     E, dim = router.rows, router.cols
     _route_shape(E, k, n_groups, n_groups_used, 1)
     if not fusable(router):
-        raise CudaError(f"moe route_decode: {router.name} must be F32 with a width that is a multiple of 4")
+        raise CudaError(f"moe route_decode: {router.name} must be F32, its width a multiple of 4 up to {ROUTE_MAX_DIM}")
     need_aligned_weight(router)
     for a, name in ((x, "x"), (norm_w, "norm_w"), (xn, "xn")):
         need(a, name, "f4", dim, aligned=True)
@@ -136,8 +137,9 @@ def route_decode(
 
 
 def fusable(router: DeviceWeight) -> bool:
-    """Whether route_decode can read this router: F32 rows whose width is a multiple of 4 (float4 loads)."""
-    return router.ggml_type == GGMLType.F32 and router.cols % 4 == 0
+    """Whether route_decode can read this router: F32 rows whose width is a multiple of 4 (float4 loads), at most
+    ROUTE_MAX_DIM (xn in shared memory)."""
+    return router.ggml_type == GGMLType.F32 and router.cols % 4 == 0 and router.cols <= ROUTE_MAX_DIM
 
 
 def route_counter() -> DeviceArray:
