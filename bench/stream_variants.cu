@@ -1,11 +1,13 @@
 // Shapes of matvec_stream (kernels/matvec_stream.cuh) side by side, for scripts/stream_bench.py: warps a block, rows a
 // warp, ring depth, groups a lane. Built by that script with nvcc, never by the engine.
+#include "pdl.cuh"
 #include "matvec_stream.cuh"
 
 #define VARIANT(name, T, NW, NR, NS, MG)                                                                            \
     extern "C" __global__ void __launch_bounds__(32 * NW)                                                           \
         name(const uint8_t* W, long long row_bytes, int R, int K, const float* x, const float* norm_w, float eps,  \
              const float* resid, float* y) {                                                                        \
+        pdl::begin();                                                                                               \
         mvs::matvec_stream<T, NW, NR, NS, MG>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                        \
     }
 

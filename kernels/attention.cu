@@ -1,6 +1,7 @@
 // Causal grouped-query attention over the float32 KV cache (contract: kernels/README.md; math: engine/cpu/ops.py
 // `attention`). Scores are kept in log2 units (q is pre-multiplied by scale * log2 e) so the softmax uses exp2f;
 // part_ml stores the split maxima back in natural units. Layouts: q[n, H, hd], cache[pos, KVH, hd|vd].
+#include "pdl.cuh"
 #include "attention_common.cuh"
 #include "attention_prefill.cuh"
 
@@ -195,6 +196,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, cons
             const int* __restrict__ pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk,
             float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
             float* __restrict__ out) {
+    pdl::begin();
     __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
     __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
@@ -235,6 +237,7 @@ constexpr int MAX_COMBINE_SPLITS = 64;
 extern "C" __global__ void __launch_bounds__(128)
 attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml, int H, int n_splits, int vd,
              float* __restrict__ out) {
+    pdl::begin();
     __shared__ float ws[MAX_COMBINE_SPLITS];
     __shared__ float wl;
     const int h = blockIdx.x, lane = threadIdx.x & 31;
@@ -269,6 +272,7 @@ extern "C" __global__ void __launch_bounds__(128, 2)
 attn_prefill(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
              const int* __restrict__ pos, int n, int H, int KVH, int hd, int vd, float scale,
              float* __restrict__ out) {
+    pdl::begin();
     extern __shared__ float4 dsm4[];
     float* sm = reinterpret_cast<float*>(dsm4);
     if (vd <= 128) prefill_rows<1>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);

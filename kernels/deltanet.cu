@@ -9,6 +9,7 @@
 //   gdn_gated_norm       o = RMSNorm(o) * ssm_norm * silu(z), per (token, v head)
 // Layouts (float32, one row per token): qkv/mixed [n, C] as [q heads | k heads | v heads], C = 2 H_k Dk + H_v Dv;
 // b, a [n, H_v]; z, o [n, H_v Dv]; conv state [K - 1, C] (oldest input first); recurrent state [H_v, Dv, Dk].
+#include "pdl.cuh"
 #include "common.cuh"
 
 namespace {
@@ -110,6 +111,7 @@ __device__ __forceinline__ void recurrence(const float* __restrict__ mixed, cons
 extern "C" __global__ void __launch_bounds__(256)
 gdn_conv_silu(const float* __restrict__ x, int n, int C, int K, const float* __restrict__ w, float* state,
               float* __restrict__ y) {
+    pdl::begin();
     const int c = blockIdx.x * 256 + threadIdx.x;
     if (c >= C) return;
     const int hist = K - 1, t0 = blockIdx.y * CONV_TOKENS, t1 = min(n, t0 + CONV_TOKENS);
@@ -137,6 +139,7 @@ gdn_conv_silu(const float* __restrict__ x, int n, int C, int K, const float* __r
 extern "C" __global__ void __launch_bounds__(256)
 gdn_l2norm_gates(float* mixed, int C, int H_k, int Dk, float eps, float q_scale, float* b, float* a,
                  const float* __restrict__ ssm_a, const float* __restrict__ dt, int H_v) {
+    pdl::begin();
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int hh = warp; hh < 2 * H_k; hh += 8) {
         float* p = mixed + (long long)t * C + (long long)hh * Dk;
@@ -165,6 +168,7 @@ gdn_l2norm_gates(float* mixed, int C, int H_k, int Dk, float eps, float q_scale,
     gdn_recurrence_dk##DK(const float* __restrict__ mixed, const float* __restrict__ decay,                       \
                           const float* __restrict__ beta, int n, int H_k, int H_v, int Dv, int tiled,             \
                           float* __restrict__ state, float* __restrict__ o) {                                     \
+        pdl::begin();                                                                                             \
         recurrence<DK>(mixed, decay, beta, n, H_k, H_v, Dv, tiled, state, o);                                      \
     }
 GDN_RECURRENCE(32)
@@ -175,6 +179,7 @@ GDN_RECURRENCE(128)
 // values (one per (token, v head)); o is updated in place. Block 256 (a row per warp), grid.x = ceil(rows / 8).
 extern "C" __global__ void __launch_bounds__(256)
 gdn_gated_norm(float* o, const float* __restrict__ z, const float* __restrict__ w, float eps, int rows, int Dv) {
+    pdl::begin();
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;  // per warp: the whole warp leaves together
     float* p = o + (long long)r * Dv;
@@ -194,6 +199,7 @@ extern "C" __global__ void __launch_bounds__(256)
 split_groups(const float* __restrict__ src, int groups, int w0, int w1, int w2, int w3, float* __restrict__ d0,
              int s0, float* __restrict__ d1, int s1, float* __restrict__ d2, int s2, float* __restrict__ d3,
              int s3) {
+    pdl::begin();
     const int W = w0 + w1 + w2 + w3, t = blockIdx.y;
     const int e = blockIdx.x * 256 + threadIdx.x;
     if (e >= groups * W) return;
@@ -220,6 +226,7 @@ split_groups(const float* __restrict__ src, int groups, int w0, int w1, int w2, 
 
 // x[i] *= sigmoid(g[i]) for i < count: the gated attention's output gate. Block 256, grid ceil(count / 256).
 extern "C" __global__ void __launch_bounds__(256) sigmoid_mul(float* x, const float* __restrict__ g, long long count) {
+    pdl::begin();
     const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
     if (i < count) x[i] = x[i] * sigmoid(g[i]);
 }

@@ -1,6 +1,7 @@
 // Embedding lookup: out[i, :] = dequant(W[ids[i]]), out[n, K] float32. Contract: kernels/README.md, "embed.cu".
 // Block 256, grid.x = n: block i decodes row ids[i]; thread j takes 8-value groups j, j + 256, ... and stores each
 // as two float4 (rows of K floats, K a multiple of 32, stay 16-byte aligned from an aligned `out`).
+#include "pdl.cuh"
 #include "quant.cuh"
 
 namespace {
@@ -25,6 +26,7 @@ __device__ __forceinline__ void embed_row(const uint8_t* __restrict__ W, long lo
 #define EMBED_KERNEL(tag, T)                                                                                        \
     extern "C" __global__ void __launch_bounds__(256)                                                               \
         embed_##tag(const uint8_t* W, long long row_bytes, int K, const int* ids, int n, float* out) {              \
+        pdl::begin();                                                                                               \
         embed_row<T>(W, row_bytes, K, ids, n, out);                                                                 \
     }
 

@@ -2,6 +2,7 @@
 // Contract (names, arguments, grid/block): kernels/README.md, "gemm.cu". The tile code and its design: gemm_tile.cuh.
 // Block 128 threads, grid (ceil(R / 64), ceil(n / 64)); W rows of K values (K a multiple of 32, of 256 for K-quants),
 // row_bytes apart; A, resid and C 16-byte aligned; A must not overlap C.
+#include "pdl.cuh"
 #include "gemm_tile.cuh"
 
 // (128, 2): at most 255 registers. Without a minimum, ptxas aims at ~128 registers and gets there by issuing the
@@ -13,6 +14,7 @@
     extern "C" __global__ void GEMM_BOUNDS                                                       \
         gemm_##tag(const uint8_t* __restrict__ W, long long row_bytes, int R, int K, const float* __restrict__ A,     \
                    int n, const float* resid, float* C) {                                                            \
+        pdl::begin();                                                                                                \
         const uint8_t* const w[1] = {W};                                                                              \
         gemm::tile<T, 1>(w, row_bytes, R, K, A, n, resid, C);                                                        \
     }                                                                                                                 \
@@ -20,6 +22,7 @@
     extern "C" __global__ void GEMM_BOUNDS                                                       \
         gemm_swiglu_##tag(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu, long long row_bytes, int R, \
                           int K, const float* __restrict__ A, int n, float* __restrict__ C) {                         \
+        pdl::begin();                                                                                                 \
         const uint8_t* const w[2] = {Wg, Wu};                                                                         \
         gemm::tile<T, 2>(w, row_bytes, R, K, A, n, nullptr, C);                                                      \
     }

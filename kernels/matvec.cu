@@ -2,6 +2,7 @@
 // Contract (names, arguments, grid/block): kernels/README.md, "matvec.cu".
 //
 // matvec / matvec_swiglu: the block of matvec_block.cuh, one launch a matrix (pair).
+#include "pdl.cuh"
 #include "matvec_block.cuh"
 #include "matvec_stream.cuh"
 
@@ -31,6 +32,20 @@ __device__ __forceinline__ void matvec3_block(const uint8_t* W0, const uint8_t* 
         blk -= b0 + b1;
         matvec_block<T, 1, 1>(W2, W2, rb2, R2, K, x, 1, norm_w, eps, nullptr, y2, blk);
     }
+}
+
+// Before the wait (pdl.cuh): the block's weight rows into L2, while the kernel that computes x may still run.
+__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R, int blk) {
+    const int r0 = blk * ROWS;
+    if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(ROWS, R - r0) * row_bytes);
+}
+
+__device__ __forceinline__ void prefetch_rows3(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0,
+                                               long long rb1, long long rb2, int R0, int R1, int R2) {
+    const int b0 = (R0 + ROWS - 1) / ROWS, b1 = (R1 + ROWS - 1) / ROWS, blk = blockIdx.x;
+    if (blk < b0) prefetch_rows(W0, rb0, R0, blk);
+    else if (blk < b0 + b1) prefetch_rows(W1, rb1, R1, blk - b0);
+    else prefetch_rows(W2, rb2, R2, blk - b0 - b1);
 }
 
 // gather_dot: warp w of block b computes out[8b + w] = dot(W[rows[o]], x + o * x_stride); lanes stride over groups.
@@ -80,11 +95,18 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
     extern "C" __global__ void BOUNDS                                                                               \
         matvec_##tag##_n##N(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,             \
                             const float* norm_w, float eps, const float* resid, float* y) {                          \
+        pdl::launch_dependents();                                                                                    \
+        prefetch_rows(W, row_bytes, R, blockIdx.x);                                                                  \
+        pdl::wait();                                                                                                 \
         matvec_block<T, N, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, -1);                              \
     }                                                                                                               \
     extern "C" __global__ void BOUNDS                                                                               \
         matvec_swiglu_##tag##_n##N(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,        \
                                    const float* x, int n, const float* norm_w, float eps, float* y) {               \
+        pdl::launch_dependents();                                                                                   \
+        prefetch_rows(Wg, row_bytes, R, blockIdx.x);                                                                \
+        prefetch_rows(Wu, row_bytes, R, blockIdx.x);                                                                \
+        pdl::wait();                                                                                                \
         matvec_block<T, N, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, -1);                          \
     }
 
@@ -92,6 +114,7 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
     extern "C" __global__ void BOUNDS                                                                               \
         gather_dot_##tag(const uint8_t* W, long long row_bytes, int K, const float* x, long long x_stride,          \
                          const int* rows, int n, float* out) {                                                      \
+        pdl::begin();                                                                                               \
         gather_dot_warp<T>(W, row_bytes, K, x, x_stride, rows, n, out);                                             \
     }
 // matvec3 (one token, up to three matrices a launch): the common types only (k_matvec.has_matvec3).
@@ -100,6 +123,9 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
         matvec3_##tag##_n1(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0, long long rb1,   \
                            long long rb2, int R0, int R1, int R2, int K, const float* x, const float* norm_w,       \
                            float eps, float* y0, float* y1, float* y2) {                                            \
+        pdl::launch_dependents();                                                                                   \
+        prefetch_rows3(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2);                                                      \
+        pdl::wait();                                                                                                \
         matvec3_block<T>(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2, K, x, norm_w, eps, y0, y1, y2);                      \
     }
 // The split-form 1-token matvec and swiglu kernels ask for 2 blocks an SM (at most 128 registers): under the plain
@@ -121,11 +147,13 @@ Q_FOR_EACH_LOWBIT_TYPE(MATVEC_KERNELS_1_8)
     extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
         matvec_stream_##tag(const uint8_t* W, long long row_bytes, int R, int K, const float* x,                     \
                             const float* norm_w, float eps, const float* resid, float* y) {                         \
+        pdl::launch_dependents();                                                                                   \
         mvs::matvec_stream<T>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                                        \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
         matvec_stream_##tag##_k1024(const uint8_t* W, long long row_bytes, int R, int K, const float* x,             \
                                     const float* norm_w, float eps, const float* resid, float* y) {                 \
+        pdl::launch_dependents();                                                                                   \
         mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG / 2>(W, row_bytes, R, K, x, norm_w, eps, \
                                                                                  resid, y);                         \
     }

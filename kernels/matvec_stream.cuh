@@ -11,6 +11,7 @@
 // 1024-wide rows went 92 -> 79 us. Neither more rows a warp, a deeper ring, nor 2 or 8 warps a block helped.
 #pragma once
 #include "common.cuh"
+#include "pdl.cuh"
 #include "quant.cuh"
 #include "quant_dot.cuh"
 #include "stage.cuh"
@@ -41,6 +42,7 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
         if (i < nr) stage::span_warp(buf[i], W + (long long)(r0 + i) * row_bytes, nb, lane);
         stage::commit();
     }
+    pdl::wait();  // the weight rows are on their way; x is the kernel before's output (pdl.cuh)
 
     float xv[MAXG][1][8], xs[MAXG][1], ss = 0.f;  // groups lane + 32 j of x (times norm_w); 0 past K
 #pragma unroll

@@ -6,6 +6,7 @@
 // Layouts: a latent row is D = R + P floats, [normed latent c (R) | roped k_pe (P)]; the absorbed query of head h is
 // qa[t, h, :] = [attn_k_b[h] . q_nope (R) | roped q_pe (P)], so every head scores qa . row over all D dims (K = the
 // whole row, shared by all heads) and takes V = the row's first R dims.
+#include "pdl.cuh"
 #include "attention_common.cuh"
 #include "common.cuh"
 #include "quant.cuh"
@@ -65,7 +66,10 @@ template <int T>
 __device__ __forceinline__ void head_matvec_warp(const uint8_t* __restrict__ W, long long row_bytes, int R, int K,
                                                  const float* __restrict__ x, int x_head, float* __restrict__ y,
                                                  int y_head) {
-    const int h = blockIdx.y, lane = threadIdx.x & 31, r = blockIdx.x * (HM_WARP_THREADS / 32) + (threadIdx.x >> 5);
+    constexpr int RB = HM_WARP_THREADS / 32;  // rows a block
+    const int h = blockIdx.y, lane = threadIdx.x & 31, r0 = blockIdx.x * RB, r = r0 + (threadIdx.x >> 5);
+    pdl::prefetch_l2(W + ((long long)h * R + r0) * row_bytes, min(RB, R - r0) * row_bytes);  // before the wait
+    pdl::wait();
     if (r >= R) return;  // a whole warp leaves: no block barrier below
     const uint8_t* row = W + ((long long)h * R + r) * row_bytes;
     const float* xh = x + (long long)h * x_head;
@@ -193,6 +197,7 @@ __device__ __forceinline__ void attn_block(const float* __restrict__ q, const fl
     extern "C" __global__ void __launch_bounds__(HM_THREADS, 4)                                                    \
         mla_head_matvec_##tag##_n##N(const uint8_t* W, long long row_bytes, int R, int K, const float* x,          \
                                      long long x_tok, int x_head, int n, float* y, long long y_tok, int y_head) {  \
+        pdl::begin();                                                                                              \
         head_matvec<T, N>(W, row_bytes, R, K, x, x_tok, x_head, n, y, y_tok, y_head);                               \
     }
 // grid (ceil(R / 8), H), block 256: one token, a warp a row.
@@ -200,6 +205,7 @@ __device__ __forceinline__ void attn_block(const float* __restrict__ q, const fl
     extern "C" __global__ void __launch_bounds__(HM_WARP_THREADS)                                                  \
         mla_head_matvec_##tag##_w(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int x_head,  \
                                   float* y, int y_head) {                                                          \
+        pdl::launch_dependents(); /* head_matvec_warp waits after its weight prefetch */                           \
         head_matvec_warp<T>(W, row_bytes, R, K, x, x_head, y, y_head);                                             \
     }
 #define HEAD_MATVEC(tag, T) HEAD_MATVEC_N(tag, T, 1) HEAD_MATVEC_N(tag, T, 16) HEAD_MATVEC_WARP(tag, T)
@@ -211,6 +217,7 @@ extern "C" __global__ void __launch_bounds__(AT_THREADS, 2)
 mla_attn(const float* __restrict__ q, const float* __restrict__ cache, const int* __restrict__ pos, int H, int R,
          int D, float scale, int n_splits, float* __restrict__ part_o, float* __restrict__ part_ml,
          float* __restrict__ out) {
+    pdl::begin();
     __shared__ float4 qs4[AT_HEADS * AT_MAX_D / 4];  // [8 heads][D]
     __shared__ float4 ks4[AT_KEYS * AT_MAX_D / 4];   // [8 keys][D]
     __shared__ float sc[AT_HEADS * AT_KEYS];         // [head][key] of the tile

@@ -5,6 +5,7 @@
 // Prefill (n > 8 tokens): moe_route -> moe_group (rows sorted by expert, tile list) -> moe_gather (normed rows in
 // that order) -> moe_gemm_swiglu_{t} (gate/up) -> moe_gemm_{t} (down) -> moe_combine (weighted sum per token, in slot
 // order, plus the shared expert, into the residual). Every grid is fixed by n alone; no host read of expert ids.
+#include "pdl.cuh"
 #include "gemm_tile.cuh"
 #include "moe_expert.cuh"
 #include "moe_route.cuh"
@@ -46,12 +47,14 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
     extern "C" __global__ void GATE_UP_BOUNDS(T)                                                                      \
         moe_gate_up_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R,   \
                           int K, const float* x, const int* ids, int k, float* y) {                                   \
+        pdl::begin();                                                                                                 \
         moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y);                                         \
     }                                                                                                                 \
     /* x[t, r] += sum_j w[t, j] * (W_{ids[t, j]}[r] . h[t * k + j]) (+ g_t * shared[t, r]) */                         \
     extern "C" __global__ void DOWN_BOUNDS                                                                            \
         moe_down_##tag(const uint8_t* W, long long row_bytes, long long expert_bytes, int R, int K, const float* h,   \
                        const int* ids, const float* w, int k, const float* shared, const float* sgate, float* x) {    \
+        pdl::begin();                                                                                                 \
         moe::down<T>(W, row_bytes, expert_bytes, R, K, h, ids, w, k, shared, sgate, x);                               \
     }                                                                                                                 \
     /* C[p] = W_e . A[p] over the tile list */                                                                        \
@@ -59,6 +62,7 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
                                                               long long expert_bytes, int R, int K,                   \
                                                               const float* __restrict__ A, const int* tiles,          \
                                                               float* C) {                                             \
+        pdl::begin();                                                                                                 \
         const uint8_t* const w[1] = {W};                                                                              \
         grouped_tile<T, 1>(w, row_bytes, expert_bytes, R, K, A, tiles, C);                                            \
     }                                                                                                                 \
@@ -66,6 +70,7 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
     extern "C" __global__ void MOE_GEMM_BOUNDS moe_gemm_swiglu_##tag(                                                 \
         const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu, long long row_bytes, long long expert_bytes,  \
         int R, int K, const float* __restrict__ A, const int* tiles, float* C) {                                      \
+        pdl::begin();                                                                                                 \
         const uint8_t* const w[2] = {Wg, Wu};                                                                         \
         grouped_tile<T, 2>(w, row_bytes, expert_bytes, R, K, A, tiles, C);                                            \
     }
@@ -87,6 +92,7 @@ extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
               const float* gate_shexp,          // optional [dim]: sgate[t] = sigmoid(gate_shexp . xn[t])
               int* ids, float* w,               // [n, k] out: experts best first, their weights
               float* sgate) {                   // [n] out (only with gate_shexp)
+    pdl::begin();
     moe::route_token<false>(blockIdx.x, logits, E, k, sigmoid, bias, n_groups, n_groups_used, norm, scale, xn, dim,
                             gate_shexp, ids, w, sgate);
 }
@@ -105,6 +111,7 @@ extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
                      int* counter,             // [1] zero before the first launch; every launch leaves it zero
                      int* ids, float* w,       // [k] out each, best first
                      float* sgate) {           // [1] out (with gate_shexp)
+    pdl::launch_dependents();  // route_decode waits once its router rows are on their way (pdl.cuh)
     moe::route_decode(x, norm_w, eps, dim, W, E, k, sigmoid, bias, n_groups, n_groups_used, norm, scale, gate_shexp,
                       xn, logits, counter, ids, w, sgate);
 }
@@ -118,12 +125,14 @@ extern "C" __global__ void __launch_bounds__(moe::GROUP_THREADS)
               int* perm_tok,    // [n_items] out: token of sorted row p
               int* inv,         // [n_items] out: sorted row of item i
               int* tiles) {     // [max_tiles, 3] out: (e, start, end) per 64-row tile, then (-1, 0, 0)
+    pdl::begin();
     moe::group_rows(ids, n_items, k, E, max_tiles, offsets, perm_tok, inv, tiles);
 }
 
 // xp[p, :] = xn[perm_tok[p], :], block p; dim a multiple of 4, rows 16-byte aligned.
 extern "C" __global__ void __launch_bounds__(256)
     moe_gather(const float* __restrict__ xn, int dim, const int* __restrict__ perm_tok, float* __restrict__ xp) {
+    pdl::begin();
     const int p = blockIdx.x, d4 = dim >> 2;
     const float4* src = reinterpret_cast<const float4*>(xn) + (long long)perm_tok[p] * d4;
     float4* dst = reinterpret_cast<float4*>(xp) + (long long)p * d4;
@@ -134,6 +143,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ y, const int* __restrict__ inv, const float* __restrict__ w, int k, int dim,
                 const float* __restrict__ shared, const float* __restrict__ sgate, float* __restrict__ x) {
+    pdl::begin();
     const int t = blockIdx.x, d4 = dim >> 2;
     const float g = shared && sgate ? sgate[t] : 1.f;
     float4* xt = reinterpret_cast<float4*>(x) + (long long)t * d4;

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "pdl.cuh"
 
 namespace moe {
 
@@ -177,14 +178,16 @@ __device__ __forceinline__ void route_decode(const float* __restrict__ x, const 
     __shared__ int ticket;
     float* xs = reinterpret_cast<float*>(xs4);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int row = blockIdx.x * NW + warp;
+    const int row = blockIdx.x * NW + warp, row0 = blockIdx.x * NW;
     const float* wr = row < E ? W + (long long)row * dim : row == E ? gate_shexp : nullptr;
-    float4 wv[UNROLL];  // the row's first loads, in flight while the norm is computed
+    if (row0 < E) pdl::prefetch_l2(W + (long long)row0 * dim, 4LL * dim * min(NW, E - row0));
+    float4 wv[UNROLL];  // the row's first loads, in flight while the kernel before ends and the norm is computed
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int c = 4 * lane + 128 * u;
         wv[u] = wr && c < dim ? *reinterpret_cast<const float4*>(wr + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    pdl::wait();  // x is the kernel before's output
     float ss = 0.f;
     for (int i = tid; i < dim; i += ROUTE_THREADS) {
         const float v = x[i];

@@ -2,6 +2,7 @@
 // or for MLA the latent norm, RoPE and the latent row into the cache (mla_kv_rope).
 // Reference math: engine/cpu/ops.py (rmsnorm, rope_angles, apply_rope), engine/models/mla.py. Contract:
 // kernels/README.md.
+#include "pdl.cuh"
 #include <stdint.h>
 
 namespace {
@@ -61,6 +62,7 @@ __device__ __forceinline__ float rotate_pair(const float* x, int j, const float*
 // before that thread overwrites it.
 extern "C" __global__ void __launch_bounds__(256)
 rmsnorm_rows(const float* x, const float* __restrict__ w, float eps, float* y, int n, int K) {
+    pdl::begin();
     __shared__ float red[8];
     const long long row = blockIdx.x;
     const float* xr = x + row * K;
@@ -87,6 +89,7 @@ qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, i
            float freq_scale, float ext_factor, float corr_lo, float corr_hi, float mscale,
            const float* __restrict__ freq_factors, int rope_neox, const int* __restrict__ pos,
            float* __restrict__ k_cache, float* __restrict__ v_cache) {
+    pdl::begin();
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
     __shared__ float row[8][256];       // one head per warp
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -144,6 +147,7 @@ mla_kv_rope(const float* __restrict__ kva, const float* __restrict__ kv_norm, fl
             float* __restrict__ qa, int n, int H, int R, int P, int nope, float theta, float freq_scale,
             float ext_factor, float corr_lo, float corr_hi, float mscale, const int* __restrict__ pos,
             float* __restrict__ cache) {
+    pdl::begin();
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (P / 2 <= 128)
     __shared__ float red[8];
     const int t = blockIdx.x, p = *pos + t, D = R + P;

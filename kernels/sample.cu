@@ -13,6 +13,7 @@
 // the top and copies the few that top-k / top-p can keep into shared memory, where the selections then run; a
 // plain temperature draw reads the logits once more (per-warp, id-ordered masses) and rescans one 128-id stretch.
 // p is computed as exp2((x - max x) * log2(e) / T): within a few ulps of numpy's exp(x / T - max z).
+#include "pdl.cuh"
 #include "sample_block.cuh"
 
 namespace {
@@ -215,6 +216,7 @@ __device__ int draw_all(Smem& sh, const float* __restrict__ logits, const Filter
 
 // out[0] = lowest index among the maxima of logits[0:V], or -1 if any is NaN or infinite. Block 1024, grid 1.
 extern "C" __global__ void __launch_bounds__(1024) argmax_f32(const float* __restrict__ logits, int V, int* out) {
+    pdl::begin();
     __shared__ float fred[32];
     __shared__ int ired[32];
     const int a = block_argmax(logits, V, fred, ired);
@@ -226,6 +228,7 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_f32(const float* __res
 extern "C" __global__ void __launch_bounds__(1024)
 sample_f32(const float* __restrict__ logits, int V, float temperature, int top_k, float top_p,
            unsigned long long seed, int* step, int* out) {
+    pdl::begin();
     __shared__ Smem sh;
     int id;
     if (temperature == 0.0f || top_k == 1) {
@@ -285,4 +288,4 @@ sample_f32(const float* __restrict__ logits, int V, float temperature, int top_k
 }
 
 // *pos += n: the decode graph's position advance. Block 1, grid 1.
-extern "C" __global__ void advance(int* pos, int n) { *pos += n; }
+extern "C" __global__ void advance(int* pos, int n) { pdl::begin(); *pos += n; }

@@ -1,6 +1,7 @@
 """CUDA through libcuda (ctypes), without NVRTC and without `import cupy`: the primary context (created on a thread
 when the caller wants it overlapped with other start-up work), prebuilt kernel modules (cuModuleLoad of
-kernels/build/*.fatbin) and launches (cuLaunchKernel with typed scalar arguments packed once). Memory, copies and
+kernels/build/*.fatbin) and launches (cuLaunchKernel, or cuLaunchKernelEx with programmatic dependent launch on sm_90+,
+with typed scalar arguments packed once). Memory, copies and
 graphs are engine/cuda/memory.py's. Every failure becomes a `CudaError` (or `OutOfMemory`) naming the call.
 """
 
@@ -94,6 +95,41 @@ def start_context(device: int = 0) -> None:
             check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
             _primary[device] = ctx
     check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    _use_pdl(lib, device)
+
+
+# -- programmatic dependent launch ---------------------------------------------------------------------------------
+# On sm_90+ every launch carries CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (kernels/pdl.cuh): the next
+# kernel's launch overlaps the current one's run, and its blocks wait on the device until the current one is done.
+# Every kernel of kernels/ starts with pdl::begin(), so none touches memory before its predecessor has finished.
+# REFLEX_PDL=0 launches plainly.
+_PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_pdl = False
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, padding to 8, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("n_attrs", ctypes.c_uint)]  # fmt: skip
+
+
+_PDL_ATTRS = (_LaunchAttribute * 1)(_LaunchAttribute(id=_PDL_ATTRIBUTE, value=1))
+
+
+def _use_pdl(lib: ctypes.CDLL, device: int) -> None:
+    global _pdl
+    major = ctypes.c_int()
+    check(lib.cuDeviceGetAttribute(ctypes.byref(major), 75, device), "cuDeviceGetAttribute")  # CC major
+    _pdl = major.value >= 9 and os.environ.get("REFLEX_PDL", "1") != "0" and hasattr(lib, "cuLaunchKernelEx")
+
+
+def pdl_enabled() -> bool:
+    """Whether launches carry the programmatic-dependent-launch attribute (set when a context starts)."""
+    return _pdl
 
 
 def device_info(device: int = 0) -> dict:
@@ -155,8 +191,15 @@ class Launch:
         self.name = _kernel_names.get(fn.value, "?")  # "module.kernel", for profiles and error messages
         self._args = args  # the ctypes values the parameter array points into: kept alive with it
         self._params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        self._config = _LaunchConfig((ctypes.c_uint * 3)(*self.grid), (ctypes.c_uint * 3)(*self.block), smem, None,
+                                     _PDL_ATTRS, 1)  # fmt: skip
 
     def __call__(self, stream: int = 0) -> None:
+        if _pdl:
+            self._config.stream = stream
+            config = ctypes.byref(self._config)
+            check(libcuda().cuLaunchKernelEx(config, self.fn, self._params, None), "cuLaunchKernelEx")
+            return
         g, b = self.grid, self.block
         check(libcuda().cuLaunchKernel(self.fn, g[0], g[1], g[2], b[0], b[1], b[2], self.smem, ctypes.c_void_p(stream),
                                        self._params, None), "cuLaunchKernel")  # fmt: skip
