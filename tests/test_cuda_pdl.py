@@ -1,6 +1,6 @@
-"""Programmatic dependent launch (engine/cuda/driver.py, kernels/pdl.cuh): on the H200 every launch carries the
-attribute, so the rest of the GPU suite runs that way; here a chain of launches that each read what the one before
-wrote, issued directly and replayed as a graph, must lose no update."""
+"""Programmatic dependent launch (engine/cuda/driver.py, kernels/pdl.cuh): on the H200 the decode step's launches
+carry the attribute, so the model tests' decode runs that way; here a chain of programmatic launches that each read
+what the one before wrote, issued directly and replayed as a graph, must lose no update."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_a_chain_of_dependent_launches_loses_no_update(graph: bool) -> None:
     x = rng.integers(-8, 8, N).astype(np.float32)
     y0 = rng.integers(-1000, 1000, N).astype(np.float32)
     dx, dy = DeviceArray.from_host(x), DeviceArray.from_host(y0)
-    launch = k_smoke.axpy(1.0, dx, dy, N)  # y += x: each launch reads the y the one before wrote
+    (launch,) = driver.programmatic([k_smoke.axpy(1.0, dx, dy, N)])  # y += x: each reads the y the one before wrote
     stream = memory.stream_create()
     if graph:
         g = memory.Graph(stream)

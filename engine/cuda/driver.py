@@ -99,10 +99,13 @@ def start_context(device: int = 0) -> None:
 
 
 # -- programmatic dependent launch ---------------------------------------------------------------------------------
-# On sm_90+ every launch carries CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (kernels/pdl.cuh): the next
-# kernel's launch overlaps the current one's run, and its blocks wait on the device until the current one is done.
-# Every kernel of kernels/ starts with pdl::begin(), so none touches memory before its predecessor has finished.
-# REFLEX_PDL=0 launches plainly.
+# On sm_90+ the launches of a decode step carry CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+# (kernels/pdl.cuh): a kernel's launch overlaps the run of the one before, and its blocks wait on the device until
+# that one is done. Every kernel of kernels/ starts with pdl::begin() (or prefetches weights, then waits), so none
+# touches memory before its predecessor has finished. Measured on one H200 (2026-12-01, `engine bench` / `engine
+# profile`, PDL on vs REFLEX_PDL=0): decode steps 2-6 % shorter (DeepSeek-V2-Lite shaped 359.6 -> 381.1 tok/s), but
+# pp512 of the 0.6B shape 40.2k -> 27.7k tok/s with every launch programmatic, so prefill and system1 launch
+# plainly. REFLEX_PDL=0 turns it off.
 _PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _pdl = False
 
@@ -125,6 +128,13 @@ def _use_pdl(lib: ctypes.CDLL, device: int) -> None:
     major = ctypes.c_int()
     check(lib.cuDeviceGetAttribute(ctypes.byref(major), 75, device), "cuDeviceGetAttribute")  # CC major
     _pdl = major.value >= 9 and os.environ.get("REFLEX_PDL", "1") != "0" and hasattr(lib, "cuLaunchKernelEx")
+
+
+def programmatic(launches: list[Launch]) -> list[Launch]:
+    """Mark launches (one decode step's) to go out as programmatic dependent launches where the GPU has them."""
+    for launch in launches:
+        launch.pdl = True
+    return launches
 
 
 def pdl_enabled() -> bool:
@@ -191,11 +201,12 @@ class Launch:
         self.name = _kernel_names.get(fn.value, "?")  # "module.kernel", for profiles and error messages
         self._args = args  # the ctypes values the parameter array points into: kept alive with it
         self._params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        self.pdl = False  # a programmatic dependent launch (programmatic(): the decode step's)
         self._config = _LaunchConfig((ctypes.c_uint * 3)(*self.grid), (ctypes.c_uint * 3)(*self.block), smem, None,
                                      _PDL_ATTRS, 1)  # fmt: skip
 
     def __call__(self, stream: int = 0) -> None:
-        if _pdl:
+        if _pdl and self.pdl:
             self._config.stream = stream
             config = ctypes.byref(self._config)
             check(libcuda().cuLaunchKernelEx(config, self.fn, self._params, None), "cuLaunchKernelEx")

@@ -193,7 +193,7 @@ class CudaRunner:
         self._writing()
         if n == 1:  # the decode step: model and LM head as one graph
             self._upload_ctrl(ids, step)
-            self._run("decode", lambda: self.model.forward(1) + self.model.head_logits(0, 1), capture=True)
+            self._run("decode", self._decode_step, capture=True)
             self.position += 1
         else:
             for at in range(0, n, self.model.max_batch):
@@ -220,7 +220,11 @@ class CudaRunner:
         driver.start_context(self.device)
         self._upload_ctrl([token])
         memory.synchronize(self.stream)
-        return self.model.forward(1) + self.model.head_logits(0, 1)
+        return self._decode_step()
+
+    def _decode_step(self) -> list:
+        """The model and the LM head for one token, as programmatic dependent launches (driver.programmatic)."""
+        return driver.programmatic(self.model.forward(1) + self.model.head_logits(0, 1))
 
     def _set_step(self, step: int) -> None:
         memory.synchronize(self.stream)
