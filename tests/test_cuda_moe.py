@@ -33,13 +33,15 @@ RTOL = 1e-5  # of the sum of |products|, as tests/test_cuda_matvec.py
 POISON = 0xFFFFFFFF
 
 # name -> (MoE options, n_experts, k). Shapes of the real models: qwen3moe tiny (8, top-2), Qwen3-30B-A3B (128,
-# top-8), DeepSeek V3 style (sigmoid, exp_probs_b, 8 groups keep 4, scaled), one of a single expert unnormalised.
+# top-8), DeepSeek V3 style (sigmoid, exp_probs_b, 8 groups keep 4, scaled), one of a single expert unnormalised, and
+# one wider than 256 experts.
 ROUTES = {
     "softmax-8-top2": (dict(), 8, 2),
     "softmax-128-top8": (dict(), 128, 8),
     "softmax-8-top1-scaled": (dict(weights_norm=False, weights_scale=2.5), 8, 1),
     "sigmoid-bias-groups": (dict(gating="sigmoid", weights_scale=2.5, n_groups=8, n_groups_used=4), 128, 8),
     "softmax-groups-nonorm": (dict(weights_norm=False, n_groups=4, n_groups_used=3), 8, 2),
+    "softmax-512-top6": (dict(), 512, 6),  # more than route_decode's one warp takes (256)
 }
 
 
@@ -149,20 +151,22 @@ def test_route(route: str, n: int, ties: bool, seed: int) -> None:
     assert (got_ids[n * k :] == -1).all() and untouched(got_w[n * k :]) and untouched(got_g[n:]), context
 
 
-@pytest.mark.parametrize("dim", [256, 2080])
+@pytest.mark.parametrize("dim, ties", [(256, False), (2080, False), (256, True)])
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "shexp-gate"])
 @pytest.mark.parametrize("route", ROUTES, ids=str)
-def test_route_decode(route: str, gated: bool, dim: int, seed: int) -> None:
+def test_route_decode(route: str, gated: bool, dim: int, ties: bool, seed: int) -> None:
     """The norm, the F32 router and the route of one token in one launch: xn and the logits against float64, the
     choice and weights against engine/models/moe.py's route of the device's own logits (a float32 near-tie then
     cannot make the comparison flaky), the shared gate; poisoned slack untouched; the ticket back at 0 and a second
-    launch bit-identical."""
+    launch bit-identical. Ties: router rows repeated in pairs, so pairs of experts have equal logits (lower wins)."""
     opts, n_experts, k = ROUTES[route]
     moe = moe_cfg(opts, n_experts, k)
     rng = np.random.default_rng(seed)
     x0 = (3.0 * rng.normal(size=dim)).astype(np.float32)
     norm_w = (1.0 + 0.2 * rng.normal(size=dim)).astype(np.float32)
     router = (0.1 * rng.normal(size=(n_experts, dim))).astype(np.float32)
+    if ties:
+        router[1::2] = router[::2]
     bias = (0.05 * rng.normal(size=n_experts)).astype(np.float32) if moe.gating == "sigmoid" else None
     gate = (0.1 * rng.normal(size=dim)).astype(np.float32) if gated else None
     keep, r_dev = f32_weight(router)
@@ -175,12 +179,14 @@ def test_route_decode(route: str, gated: bool, dim: int, seed: int) -> None:
                                 n_groups_used=moe.n_groups_used, norm=moe.weights_norm, scale=moe.weights_scale,
                                 gate_shexp=d_gate, sgate=sgate if gated else None)  # fmt: skip
     run(launch)
-    context = f"{route} gated={gated} dim={dim} seed={seed}"
+    context = f"{route} gated={gated} dim={dim} ties={ties} seed={seed}"
     x = x0.astype(np.float64)
     h = x / np.sqrt(np.mean(x * x) + 1e-6) * norm_w
     got_xn, got_logits = xn.to_host(), logits.to_host()
     np.testing.assert_allclose(got_xn[:dim], h, rtol=1e-6, atol=1e-6, err_msg=context)
     np.testing.assert_allclose(got_logits[:n_experts], router @ h, rtol=1e-5, atol=1e-5, err_msg=context)
+    if ties:
+        assert np.array_equal(got_logits[1:n_experts:2], got_logits[0:n_experts:2]), context
     want_ids, want_w = M.route(got_logits[None, :n_experts], moe, bias)
     got_ids, got_w, got_g = ids.to_host(), w.to_host(), sgate.to_host()
     np.testing.assert_array_equal(got_ids[:k], want_ids[0], err_msg=context)
