@@ -70,6 +70,16 @@ def _check_kernel_types(gf) -> None:
             )
 
 
+# The kernel modules (kernels/<name>.cu) every model runs, and those its family or an MoE FFN adds.
+BASE_MODULES = ("matvec", "norm_rope", "attention", "embed", "sample", "gemm", "elementwise")
+FAMILY_MODULES = {"dense_cuda": (), "hybrid_cuda": ("deltanet",), "mla_cuda": ("mla",)}
+
+
+def kernel_modules(config, cuda_module: str) -> tuple[str, ...]:
+    """The kernel modules a model of this config runs (loaded while its weights upload: ContextStarter.preload)."""
+    return BASE_MODULES + FAMILY_MODULES.get(cuda_module, ()) + (("moe",) if config.moe is not None else ())
+
+
 def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     """Wait for the context (a driver.ContextStarter), upload the weights, build the architecture's CudaModel.
 
@@ -82,6 +92,7 @@ def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     from engine.cuda.runner import CudaRunner
     from engine.cuda.upload import DeviceWeights
 
+    context.preload(kernel_modules(config, row.cuda_module))
     with Stopwatch() as wait_sw:
         context_ms = context.wait()
     stream = memory.stream_create()

@@ -50,12 +50,17 @@ def check(result: int, what: str) -> None:
 
 
 class ContextStarter:
-    """Creates the primary context of `device` on a background thread; `wait()` returns its start-up time."""
+    """Creates the primary context of `device` on a background thread; `wait()` returns its start-up time. Once the
+    context exists the thread also loads the kernel modules named by `preload()` (the model's, known after the GGUF
+    is open), so that their loading overlaps the weight upload instead of the first prompt eval."""
 
     def __init__(self, device: int = 0):
         self.device = device
         self.error: BaseException | None = None
         self.ms = 0.0
+        self._started = threading.Event()
+        self._asked = threading.Event()
+        self._modules: tuple[str, ...] = ()
         self._thread = threading.Thread(target=self._run, name="cuda-context", daemon=True)
         self._thread.start()
 
@@ -68,9 +73,25 @@ class ContextStarter:
             self.ms = sw.ms
         except BaseException as e:  # handed to the waiting thread
             self.error = e
+            return
+        finally:
+            self._started.set()
+        self._asked.wait()
+        for name in self._modules:
+            try:
+                module(name)
+            except CudaError:  # raised again where the module is first used
+                return
+
+    def preload(self, names: tuple[str, ...]) -> None:
+        """Load these kernel modules on the context's thread as soon as the context exists (REFLEX_MODULE_PRELOAD=0:
+        on first use instead)."""
+        if os.environ.get("REFLEX_MODULE_PRELOAD", "1") != "0":
+            self._modules = tuple(names)
+            self._asked.set()
 
     def wait(self) -> float:
-        self._thread.join()
+        self._started.wait()
         if self.error is not None:
             raise self.error
         # The runtime binds to the primary context the thread created; this thread must make it current too.
@@ -242,13 +263,18 @@ class Module:
 
 
 _modules: dict[str, Module] = {}
+_module_lock = threading.Lock()
 _kernel_names: dict[int, str] = {}  # function handle -> "module.kernel"
 
 
 def module(name: str) -> Module:
+    """The loaded module `name` (loaded on first use; ContextStarter.preload may load it on another thread)."""
     m = _modules.get(name)
     if m is None:
-        m = _modules[name] = Module(name)
+        with _module_lock:
+            m = _modules.get(name)
+            if m is None:
+                m = _modules[name] = Module(name)
     return m
 
 
