@@ -43,12 +43,14 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
 #define MOE_LOWBIT_DOWN_BOUNDS __launch_bounds__(moe::MV_THREADS, 3)
 
 #define MOE_KERNELS(tag, T, GATE_UP_BOUNDS, DOWN_BOUNDS)                                                              \
-    /* y[p, r] = silu(Wg_e[r] . x[p / k]) * (Wu_e[r] . x[p / k]) (Wu null: Wg_e[r] . x[p / k]), e = ids[p] */         \
+    /* y[p, r] = silu(Wg_e[r] . x[p / k]) * (Wu_e[r] . x[p / k]) (Wu null: Wg_e[r] . x[p / k]), e = ids[p]; */        \
+    /* items past n_items: the shared expert's SwiGLU into hs (Sg, Su of `parts` * R rows; moe_expert.cuh) */         \
     extern "C" __global__ void GATE_UP_BOUNDS(T)                                                                      \
         moe_gate_up_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R,   \
-                          int K, const float* x, const int* ids, int k, float* y) {                                   \
+                          int K, const float* x, const int* ids, int k, float* y, int n_items, const uint8_t* Sg,     \
+                          const uint8_t* Su, int parts, float* hs) {                                                  \
         pdl::begin();                                                                                                 \
-        moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y);                                         \
+        moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y, n_items, Sg, Su, parts, hs);             \
     }                                                                                                                 \
     /* x[t, r] += sum_j w[t, j] * (W_{ids[t, j]}[r] . h[t * k + j]) (+ g_t * shared[t, r]) */                         \
     extern "C" __global__ void DOWN_BOUNDS                                                                            \

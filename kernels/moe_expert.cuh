@@ -8,6 +8,8 @@
 // gate_up: item p = blockIdx.y is slot p % k of token p / k; y[p] = silu(Wg_e . x) * (Wu_e . x), or Wg_e . x alone
 //   when Wu is null (gate and up of different types: two launches and a SwiGLU). A block is matvec_block.cuh's, on
 //   rows [8 * blockIdx.x, +8) of expert e's matrices (the threads split K; rows staged where that measured faster).
+//   With a shared expert of the experts' type whose width is `parts` times theirs, items past n_items are its SwiGLU
+//   in parts of R rows (hs[t] = silu(Sg . x[t]) * (Su . x[t])): one launch instead of a second for it.
 // down: block (row block, token t) sums the token's k slots in slot order, weighted, plus the optional shared
 //   expert (times its gate), into the residual: x[t] += sum_j w_j * (W_{e_j} . h[t*k + j]) + g_t * shared[t].
 //   A row's (slot, group) pairs are split over DOWN_WPR warps in contiguous quarters (each lane-strided), and the
@@ -35,12 +37,20 @@ template <int T>
 __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
                                         long long row_bytes, long long expert_bytes, int R, int K,
                                         const float* __restrict__ x, const int* __restrict__ ids, int k,
-                                        float* __restrict__ y) {
+                                        float* __restrict__ y, int n_items, const uint8_t* __restrict__ Sg,
+                                        const uint8_t* __restrict__ Su, int parts, float* __restrict__ hs) {
     const int p = blockIdx.y;
+    __shared__ __align__(16) uint8_t buf[mv::STAGE_BYTES<T, 2>];  // either branch's staging
+    if (p >= n_items) {  // the shared expert, cut in parts of R rows: part q % parts of token q / parts
+        const int q = p - n_items, t = q / parts, part = q - t * parts;
+        const long long off = (long long)part * R * row_bytes;
+        mv::matvec_block_in<T, 1, 2>(Sg + off, Su + off, row_bytes, R, K, x + (long long)t * K, 1, nullptr, 0.f,
+                                     nullptr, hs + ((long long)t * parts + part) * R, buf, -1);
+        return;
+    }
     const long long off = ids[p] * expert_bytes;
     const float* xt = x + (long long)(p / k) * K;
     float* yp = y + (long long)p * R;
-    __shared__ __align__(16) uint8_t buf[mv::STAGE_BYTES<T, 2>];  // either branch's staging
     if (Wu)
         mv::matvec_block_in<T, 1, 2>(Wg + off, Wu + off, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
     else

@@ -255,6 +255,16 @@ def _xf(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
     return rng.normal(size=(n, cols)).astype(np.float32)
 
 
+def _swiglu_ref(gw: np.ndarray, uw: np.ndarray, xt: np.ndarray, fused: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """silu(gw[p] . xt[p]) * (uw[p] . xt[p]) (fused) or gw[p] . xt[p], per row p (gw, uw: (p, rows, dim) f64), and
+    its tolerance: RTOL of the sums of |products|, carried through the SwiGLU."""
+    a, b = np.einsum("prc,pc->pr", gw, xt), np.einsum("prc,pc->pr", uw, xt)
+    ta = RTOL * np.einsum("prc,pc->pr", np.abs(gw), np.abs(xt))
+    tb = RTOL * np.einsum("prc,pc->pr", np.abs(uw), np.abs(xt))
+    silu = a / (1 + np.exp(-a))
+    return (silu * b, 1.1 * np.abs(b) * ta + np.abs(silu) * tb + 1e-6 * np.abs(silu * b)) if fused else (a, ta)
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["swiglu", "plain"])
 @pytest.mark.parametrize("small", SMALL, ids=lambda s: "n{}_k{}_E{}".format(*s))
 @pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "dim{}_F{}".format(*s))
@@ -271,17 +281,46 @@ def test_gate_up(ggml_type: GGMLType, shape, small, fused: bool, seed: int) -> N
     run(k_moe.gate_up(g.dev, u.dev if fused else None, d_x, d_ids, k, n * k, y))
     xt = np.repeat(x.astype(np.float64), k, axis=0)  # (n*k, dim): item p reads token p // k
     e = ids.reshape(-1)
-    a, b = np.einsum("prc,pc->pr", g.dense[e], xt), np.einsum("prc,pc->pr", u.dense[e], xt)
-    ta = RTOL * np.einsum("prc,pc->pr", np.abs(g.dense[e]), np.abs(xt))
-    tb = RTOL * np.einsum("prc,pc->pr", np.abs(u.dense[e]), np.abs(xt))
-    silu = a / (1 + np.exp(-a))
-    ref, tol = (silu * b, 1.1 * np.abs(b) * ta + np.abs(silu) * tb + 1e-6 * np.abs(silu * b)) if fused else (a, ta)
+    ref, tol = _swiglu_ref(g.dense[e], u.dense[e], xt, fused)
     got = y.to_host()
     context = f"{ggml_type.name} dim={dim} F={ff} n={n} k={k} E={n_experts} seed={seed}"
     assert not np.isnan(got[: n * k * ff]).any(), f"{context}: unwritten outputs"
     err = np.abs(got[: n * k * ff].reshape(n * k, ff) - ref)
     assert (err <= tol + 1e-30).all(), f"{context}: worst {err.max():.3g}"
     assert untouched(got[n * k * ff :]), f"{context}: written past the outputs"
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.F32, GGMLType.IQ4_XS],
+                         ids=lambda t: t.name)  # fmt: skip
+def test_gate_up_runs_the_shared_expert_alongside(ggml_type: GGMLType, n: int, parts: int, seed: int) -> None:
+    """The shared expert's SwiGLU (parts times the experts' width) as extra items of the experts' launch: both outputs
+    against float64, slack poisoned; refused where the shared expert's type or width does not fit."""
+    dim, ff, k, n_experts = 256, 64, 2, 8
+    rng = np.random.default_rng(seed)
+    g, u = Stack(rng, ggml_type, n_experts, ff, dim), Stack(rng, ggml_type, n_experts, ff, dim)
+    sg, su = Stack(rng, ggml_type, 1, parts * ff, dim), Stack(rng, ggml_type, 1, parts * ff, dim)
+    x, ids = _xf(rng, n, dim), routed_ids(rng, n, n_experts, k)
+    y, hs = poisoned((n * k * ff + 7,)), poisoned((n * parts * ff + 5,))
+    d_x, d_ids = DeviceArray.from_host(x), DeviceArray.from_host(ids)
+    run(k_moe.gate_up(g.dev, u.dev, d_x, d_ids, k, n * k, y, shared=(sg.dev, su.dev), hs=hs))
+    context = f"{ggml_type.name} n={n} parts={parts} seed={seed}"
+    xt = np.repeat(x.astype(np.float64), k, axis=0)
+    e = ids.reshape(-1)
+    for got, (ref, tol), size in (
+        (y.to_host(), _swiglu_ref(g.dense[e], u.dense[e], xt), n * k * ff),
+        (hs.to_host(), _swiglu_ref(np.repeat(sg.dense, n, 0), np.repeat(su.dense, n, 0), x.astype(np.float64)),
+         n * parts * ff),
+    ):  # fmt: skip
+        err = np.abs(got[:size].reshape(ref.shape) - ref)
+        assert (err <= tol + 1e-30).all(), f"{context}: worst {err.max():.3g}"
+        assert untouched(got[size:]), f"{context}: written past the outputs"
+    odd = Stack(rng, ggml_type, 1, ff + 32, dim)
+    assert not k_moe.fuses_shared(g.dev, u.dev, odd.dev, odd.dev)
+    assert not k_moe.fuses_shared(g.dev, None, sg.dev, su.dev)
+    with pytest.raises(CudaError, match="ride along"):
+        k_moe.gate_up(g.dev, u.dev, d_x, d_ids, k, n * k, y, shared=(odd.dev, odd.dev), hs=hs)
 
 
 @pytest.mark.parametrize("shared", ["none", "plain", "gated"])
@@ -410,6 +449,8 @@ FFNS = {
         (Q.Q8_0, Q.Q8_0, Q.Q8_0),
     ),
     "qwen35moe-mixed": (dict(), 8, 2, (Q.Q4_K, Q.Q8_0, Q.Q5_K), 256, True, (Q.F16, Q.BF16, Q.F32)),
+    # DeepSeek-V2-Lite's mix: a shared expert twice the experts' width, of their type (its SwiGLU in their launch)
+    "deepseek-v2-q4_k": (dict(), 64, 6, (Q.Q4_K, Q.Q4_K, Q.Q5_0), 2 * 256, False, (Q.Q4_K, Q.Q4_K, Q.Q4_K)),
 }
 DIM, FF, MAX_BATCH = 256, 256, 300
 
@@ -493,6 +534,9 @@ def test_moe_ffn(name: str, n: int, seed: int) -> None:
     launches = ffn.launches(x, n, d_norm)
     names = [launch.name.split(".")[-1] for launch in launches]
     assert ("moe_route_decode" in names) == (n == 1) and ("moe_route" in names) == (n > 1), names
+    assert ffn._fused_shared() == (name == "deepseek-v2-q4_k"), name  # the shared SwiGLU rides in gate_up (n <= 8)
+    if n <= 8 and ffn.shexp is not None and not ffn.split_shared:  # its own SwiGLU launch only where it cannot ride
+        assert any(nm.startswith("matvec_swiglu") for nm in names) != ffn._fused_shared(), names
     for launch in launches:
         launch()
     memory.synchronize(0)

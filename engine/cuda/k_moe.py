@@ -193,10 +193,12 @@ def gate_up(
     k: int,
     n_items: int,  # n * k, at most 8 tokens' worth in practice
     y: DeviceArray,  # (n_items, F) f4 out
+    *,
+    shared: tuple[DeviceWeight, DeviceWeight] | None = None,  # ffn_gate_shexp, ffn_up_shexp (S, dim), S % F == 0
+    hs: DeviceArray | None = None,  # (n, S) f4 out, with shared: silu(gate_shexp . x) * (up_shexp . x)
 ) -> Launch:
     _items(n_items, "moe gate_up")
-    if wu is not None and (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols,
-                                                                              wu.row_bytes):  # fmt: skip
+    if wu is not None and _layout(wg) != _layout(wu):
         raise CudaError(f"moe gate_up weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag}")
     stride = _stack(wg)
     if wu is not None:
@@ -204,10 +206,34 @@ def gate_up(
     need(x, "x", "f4", (n_items - 1) // k * wg.cols + wg.cols, aligned=True)
     need(ids, "ids", "i4", n_items)
     need(y, "y", "f4", n_items * wg.rows)
+    parts, sg, su, extra = 0, None, None, 0
+    if shared is not None:
+        if not fuses_shared(wg, wu, *shared):
+            raise CudaError(f"moe gate_up: the shared expert {shared[0].name} cannot ride along (types or widths)")
+        sg, su = shared
+        for w in shared:
+            need_aligned_weight(w)
+        parts, n = sg.rows // wg.rows, n_items // k
+        need(hs, "hs", "f4", n * sg.rows)
+        extra = n * parts
     fn = driver.module("moe").fn(f"moe_gate_up_{wg.tag}")
     args = [ptr(wg.ptr), ptr(None if wu is None else wu.ptr), i64(wg.row_bytes), i64(stride), i32(wg.rows),
-            i32(wg.cols), ptr(x), ptr(ids), i32(k), ptr(y)]  # fmt: skip
-    return Launch(fn, ((wg.rows + MV_ROWS - 1) // MV_ROWS, n_items), (MV_THREADS,), args)
+            i32(wg.cols), ptr(x), ptr(ids), i32(k), ptr(y), i32(n_items), ptr(sg), ptr(su), i32(parts),
+            ptr(hs)]  # fmt: skip
+    _items(n_items + extra, "moe gate_up with the shared expert")
+    return Launch(fn, ((wg.rows + MV_ROWS - 1) // MV_ROWS, n_items + extra), (MV_THREADS,), args)
+
+
+def _layout(w: DeviceWeight) -> tuple:
+    return w.ggml_type, w.rows, w.cols, w.row_bytes
+
+
+def fuses_shared(wg: DeviceWeight, wu: DeviceWeight | None, sg: DeviceWeight, su: DeviceWeight) -> bool:
+    """Whether gate_up can run the shared expert's SwiGLU in the same launch: a fused pair (wu given) whose type and
+    width the shared gate and up share, the shared width a whole multiple of the experts'."""
+    same = (wg.ggml_type, wg.cols, wg.row_bytes)
+    return (wu is not None and (sg.ggml_type, sg.cols, sg.row_bytes) == same == (su.ggml_type, su.cols, su.row_bytes)
+            and sg.rows == su.rows and sg.rows % wg.rows == 0)  # fmt: skip
 
 
 def down(

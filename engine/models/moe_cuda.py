@@ -6,7 +6,8 @@ Per MoE layer, for n tokens:
   moe_route: gating, exp_probs_b, groups, top-k, weights (and the shared expert's sigmoid gate) on the device
   (one token with an F32 router and no LoRA update of it: moe_route_decode, the three in one launch);
   shared expert (when the model has one): the dense matvec / GEMM launches;
-  n <= 8 : moe_gate_up (every chosen expert of every token, one launch), moe_down (weighted sum + shared + residual);
+  n <= 8 : moe_gate_up (every chosen expert of every token, one launch; the shared expert's SwiGLU too where its type
+           and width allow), moe_down (weighted sum + shared + residual);
   n >  8 : moe_group (rows sorted by expert), moe_gather, grouped GEMMs gate/up and down, moe_combine.
 Expert ids never leave the device, so a decode step stays one CUDA graph. Weights stay in their GGUF stacks.
 
@@ -187,8 +188,14 @@ class MoEFFN:
             out += _matmul(router, s.xn, n, s.logits, self.lora)
             out.append(k_moe.route(s.logits, n, m.n_experts, m.n_experts_used, s.ids, s.wts, xn=s.xn,
                                    gate_shexp=gate, sgate=s.sgate, **rule))  # fmt: skip
-        out += self._shared(n)
-        return out + (self._small(x, n) if n <= SMALL_BATCH else self._grouped(x, n))
+        if n <= SMALL_BATCH:
+            return out + self._small(x, n)
+        return out + self._shared(n) + self._grouped(x, n)
+
+    def _fused_shared(self) -> bool:
+        """Whether the shared expert's SwiGLU rides in the experts' gate_up launch (n <= 8; k_moe.fuses_shared)."""
+        return (self.shexp is not None and not self.split_experts and not self.split_shared
+                and k_moe.fuses_shared(self.ffn_gate_exps, self.ffn_up_exps, *self.shexp[:2]))  # fmt: skip
 
     def _shared(self, n: int) -> list[Launch]:
         """ys[:n] = the shared expert of xn (its gate is applied where the routed experts are summed)."""
@@ -214,11 +221,15 @@ class MoEFFN:
         items = n * k
         gate, up, down = self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
         if self.split_experts:
-            out = [k_moe.gate_up(gate, None, s.xn, s.ids, k, items, s.h), *self._small_lora_in(gate, items, s.h),
-                   k_moe.gate_up(up, None, s.xn, s.ids, k, items, s.h2), *self._small_lora_in(up, items, s.h2),
-                   kel.swiglu(s.h, s.h2, s.h, items * gate.rows)]  # fmt: skip
+            out = self._shared(n)
+            out += [k_moe.gate_up(gate, None, s.xn, s.ids, k, items, s.h), *self._small_lora_in(gate, items, s.h),
+                    k_moe.gate_up(up, None, s.xn, s.ids, k, items, s.h2), *self._small_lora_in(up, items, s.h2),
+                    kel.swiglu(s.h, s.h2, s.h, items * gate.rows)]  # fmt: skip
+        elif self._fused_shared():  # the shared expert's SwiGLU in the same launch, then its down projection
+            out = [k_moe.gate_up(gate, up, s.xn, s.ids, k, items, s.h, shared=self.shexp[:2], hs=s.hs)]
+            out += _matmul(self.shexp[2], s.hs, n, s.ys, self.lora)
         else:
-            out = [k_moe.gate_up(gate, up, s.xn, s.ids, k, items, s.h)]
+            out = [*self._shared(n), k_moe.gate_up(gate, up, s.xn, s.ids, k, items, s.h)]
         out.append(k_moe.down(down, s.h, s.ids, s.wts, k, n, x, **self._shared_args()))
         for pair in self.lora.of(down.name):  # x[t] += sum_j w_j B'_e (A_e h_j): item p's A_e . h[p] (k = 1), summed
             t = s.lora_t(pair)
