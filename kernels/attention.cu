@@ -50,6 +50,10 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
             // the compiler hoists every group's loads and runs out of registers.
 #pragma unroll 1
             for (int j = 0; j < GC; ++j) {
+                if (j * KG >= nk) {  // no key of the group is in the split (warp-uniform): skip its loads and sums
+                    sp[j * 32 + lane] = neg_inf();
+                    continue;
+                }
                 float part[32];  // part[u * GC + h]: this lane's share of q_h . k_(j*KG + u)
 #pragma unroll
                 for (int u = 0; u < KG; ++u) {
