@@ -41,20 +41,26 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
                                         const uint8_t* __restrict__ Su, int parts, float* __restrict__ hs) {
     const int p = blockIdx.y;
     __shared__ __align__(16) uint8_t buf[mv::STAGE_BYTES<T, 2>];  // either branch's staging
-    if (p >= n_items) {  // the shared expert, cut in parts of R rows: part q % parts of token q / parts
-        const int q = p - n_items, t = q / parts, part = q - t * parts;
-        const long long off = (long long)part * R * row_bytes;
-        mv::matvec_block_in<T, 1, 2>(Sg + off, Su + off, row_bytes, R, K, x + (long long)t * K, 1, nullptr, 0.f,
-                                     nullptr, hs + ((long long)t * parts + part) * R, buf, -1);
-        return;
+    // Item p's rows as byte offsets from Wg and Wu (the shared expert's too, so that one call site decodes every
+    // item: a second one for it made ptxas spill moe_gate_up_q6_k on sm_100), its token and its output.
+    long long og, ou;
+    int t;
+    float* yp;
+    if (p >= n_items) {  // the shared expert in parts of R rows (Wu is given): part q % parts of token q / parts
+        const int q = p - n_items;
+        t = q / parts;
+        const long long part = (long long)(q - t * parts) * R * row_bytes;
+        og = (long long)(reinterpret_cast<uintptr_t>(Sg) - reinterpret_cast<uintptr_t>(Wg)) + part;
+        ou = (long long)(reinterpret_cast<uintptr_t>(Su) - reinterpret_cast<uintptr_t>(Wu)) + part;
+        yp = hs + (long long)q * R;
+    } else {
+        og = ou = ids[p] * expert_bytes;
+        t = p / k;
+        yp = y + (long long)p * R;
     }
-    const long long off = ids[p] * expert_bytes;
-    const float* xt = x + (long long)(p / k) * K;
-    float* yp = y + (long long)p * R;
-    if (Wu)
-        mv::matvec_block_in<T, 1, 2>(Wg + off, Wu + off, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
-    else
-        mv::matvec_block_in<T, 1, 1>(Wg + off, Wg + off, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
+    const float* xt = x + (long long)t * K;
+    if (Wu) mv::matvec_block_in<T, 1, 2>(Wg + og, Wu + ou, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
+    else mv::matvec_block_in<T, 1, 1>(Wg + og, Wg + og, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
 }
 
 template <int T>

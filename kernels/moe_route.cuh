@@ -69,25 +69,31 @@ __device__ __forceinline__ void top_k(const float* sel, int E, int k, int* chose
     __syncthreads();
 }
 
+// Group g's score: the sum of its two best choice scores (a repeated value counts twice).
+__device__ __forceinline__ float group_score(const float* sel, int g, int per) {
+    float a = -INFINITY, b = -INFINITY;  // the two largest, a >= b
+    for (int i = 0; i < per; ++i) {
+        const float v = sel[g * per + i];
+        if (v > a) b = a, a = v;
+        else if (v > b) b = v;
+    }
+    return b + a;
+}
+
+// Whether group g is outside the n_used best by `before` over the groups' scores.
+__device__ __forceinline__ bool group_dropped(const float* gscore, int n_groups, int g, int n_used) {
+    int rank = 0;
+    for (int h = 0; h < n_groups; ++h) rank += before(gscore[h], h, gscore[g], g);
+    return rank >= n_used;
+}
+
 // Experts of groups outside the n_used best (by the sum of their two best scores) get -inf.
 __device__ __forceinline__ void drop_groups(float* sel, int E, int n_groups, int n_used, float* gscore,
                                             unsigned char* gdrop) {
     const int per = E / n_groups, tid = threadIdx.x;
-    if (tid < n_groups) {
-        float a = -INFINITY, b = -INFINITY;  // the two largest, a >= b (a repeated value counts twice)
-        for (int i = 0; i < per; ++i) {
-            const float v = sel[tid * per + i];
-            if (v > a) b = a, a = v;
-            else if (v > b) b = v;
-        }
-        gscore[tid] = b + a;
-    }
+    if (tid < n_groups) gscore[tid] = group_score(sel, tid, per);
     __syncthreads();
-    if (tid < n_groups) {
-        int rank = 0;
-        for (int g = 0; g < n_groups; ++g) rank += before(gscore[g], g, gscore[tid], tid);
-        gdrop[tid] = rank >= n_used;
-    }
+    if (tid < n_groups) gdrop[tid] = group_dropped(gscore, n_groups, tid, n_used);
     __syncthreads();
     for (int e = tid; e < E; e += ROUTE_THREADS)
         if (gdrop[e / per]) sel[e] = -INFINITY;
@@ -203,21 +209,9 @@ __device__ __forceinline__ void route_warp(const float* logits, int E, int k, in
         for (int i = 0; i < V; ++i)
             if (lane + 32 * i < E) sel_s[lane + 32 * i] = sel[i];
         __syncwarp();
-        for (int g = lane; g < n_groups; g += 32) {
-            float a = -INFINITY, b = -INFINITY;
-            for (int i = 0; i < per; ++i) {
-                const float v = sel_s[g * per + i];
-                if (v > a) b = a, a = v;
-                else if (v > b) b = v;
-            }
-            gscore[g] = b + a;
-        }
+        for (int g = lane; g < n_groups; g += 32) gscore[g] = group_score(sel_s, g, per);
         __syncwarp();
-        for (int g = lane; g < n_groups; g += 32) {
-            int rank = 0;
-            for (int h = 0; h < n_groups; ++h) rank += before(gscore[h], h, gscore[g], g);
-            gdrop[g] = rank >= n_groups_used;
-        }
+        for (int g = lane; g < n_groups; g += 32) gdrop[g] = group_dropped(gscore, n_groups, g, n_groups_used);
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < V; ++i)
