@@ -15,9 +15,8 @@
 //   A row's (slot, group) pairs are split over DOWN_WPR warps in contiguous quarters (each lane-strided), and the
 //   quarters' sums are added in order: an output row has only K / 8 groups a slot, so one warp a row would leave an
 //   SM with too few loads in flight (R / 8 blocks of 8 warps: 256 blocks for R = 2048 on 132 SMs). Its lanes stride
-//   over groups (a warp reads one K-quant super-block, or 8 blocks of 32, a step), the loop unrolled by 2, after one
-//   byte of each of a lane's groups is touched (all its DRAM requests at once). Staging its rows through shared
-//   memory, in passes a warp, measured slower on the H200 (12.2 -> 14.0 us, 30B-A3B shape).
+//   over groups (a warp reads one K-quant super-block, or 8 blocks of 32, a step), the loop unrolled by 2. Staging its
+//   rows through shared memory, in passes a warp, measured slower on the H200 (12.2 -> 14.0 us, 30B-A3B shape).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -83,17 +82,6 @@ __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long ro
     const int G = K >> 3, total = k * G, lo = quarter * total / DOWN_WPR, hi = (quarter + 1) * total / DOWN_WPR;
     const uint8_t* Wr = W + min(r, R - 1) * row_bytes;  // rows past R (last block) compute row R - 1, never written
     const float* ht = h + (long long)t * k * K;
-    if constexpr (mv::TOUCH<T>) {
-        // One byte of each of this lane's (slot, group) pieces first (matvec_block.cuh's touch_rows): their DRAM
-        // requests go out together, and the decoding loop below then reads L1.
-        using Q = q::Quant<T>;
-        uint32_t z = 0;
-        for (int i = lo + lane; i < hi; i += 32) {
-            const int j = i / G, g = i - j * G;
-            z ^= Wr[eoff[j] + g * Q::BYTES / (Q::QK / 8)];
-        }
-        Wr += z & (uint32_t(k) >> 30);  // k <= 32: always + 0, but the loads must complete first
-    }
     float acc = 0.f;
 #pragma unroll 2
     for (int i = lo + lane; i < hi; i += 32) {

@@ -41,7 +41,7 @@ ROUTES = {
     "softmax-8-top1-scaled": (dict(weights_norm=False, weights_scale=2.5), 8, 1),
     "sigmoid-bias-groups": (dict(gating="sigmoid", weights_scale=2.5, n_groups=8, n_groups_used=4), 128, 8),
     "softmax-groups-nonorm": (dict(weights_norm=False, n_groups=4, n_groups_used=3), 8, 2),
-    "softmax-512-top6": (dict(), 512, 6),  # more than route_decode's one warp takes (256)
+    "softmax-512-top6": (dict(), 512, 6),  # more experts than threads in route's block
 }
 
 
