@@ -70,14 +70,14 @@ def _check_kernel_types(gf) -> None:
             )
 
 
-# The kernel modules (kernels/<name>.cu) every model runs, and those its family or an MoE FFN adds.
+# The kernel modules (kernels/<name>.cu) every model runs; its architecture's layers and an MoE FFN add theirs.
 BASE_MODULES = ("matvec", "norm_rope", "attention", "embed", "sample", "gemm", "elementwise")
-FAMILY_MODULES = {"dense_cuda": (), "hybrid_cuda": ("deltanet",), "mla_cuda": ("mla",)}
 
 
-def kernel_modules(config, cuda_module: str) -> tuple[str, ...]:
+def kernel_modules(config, row: archs.Arch) -> tuple[str, ...]:
     """The kernel modules a model of this config runs (loaded while its weights upload: ContextStarter.preload)."""
-    return BASE_MODULES + FAMILY_MODULES.get(cuda_module, ()) + (("moe",) if config.moe is not None else ())
+    extra = (("deltanet",) if row.deltanet else ()) + (("mla",) if row.mla else ())
+    return BASE_MODULES + extra + (("moe",) if config.moe is not None else ())
 
 
 def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
@@ -92,7 +92,7 @@ def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     from engine.cuda.runner import CudaRunner
     from engine.cuda.upload import DeviceWeights
 
-    context.preload(kernel_modules(config, row.cuda_module))
+    context.preload(kernel_modules(config, row))
     with Stopwatch() as wait_sw:
         context_ms = context.wait()
     stream = memory.stream_create()

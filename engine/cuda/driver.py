@@ -1,8 +1,8 @@
 """CUDA through libcuda (ctypes), without NVRTC and without `import cupy`: the primary context (created on a thread
 when the caller wants it overlapped with other start-up work), prebuilt kernel modules (cuModuleLoad of
-kernels/build/*.fatbin) and launches (cuLaunchKernel, or cuLaunchKernelEx with programmatic dependent launch on sm_90+,
-with typed scalar arguments packed once). Memory, copies and
-graphs are engine/cuda/memory.py's. Every failure becomes a `CudaError` (or `OutOfMemory`) naming the call.
+kernels/build/*.fatbin) and launches (cuLaunchKernel, or cuLaunchKernelEx with programmatic dependent launch on
+sm_90+, with typed scalar arguments packed once). Memory, copies and graphs are engine/cuda/memory.py's. Every
+failure becomes a `CudaError` (or `OutOfMemory`) naming the call.
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def start_context(device: int = 0) -> None:
             ctx = ctypes.c_void_p()
             check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
             _primary[device] = ctx
+            _use_pdl(lib, device)
     check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    _use_pdl(lib, device)
 
 
 # -- programmatic dependent launch ---------------------------------------------------------------------------------
@@ -145,16 +145,19 @@ _PDL_ATTRS = (_LaunchAttribute * 1)(_LaunchAttribute(id=_PDL_ATTRIBUTE, value=1)
 
 
 def _use_pdl(lib: ctypes.CDLL, device: int) -> None:
+    """Set once, when the device's primary context is created."""
     global _pdl
-    major = ctypes.c_int()
-    check(lib.cuDeviceGetAttribute(ctypes.byref(major), 75, device), "cuDeviceGetAttribute")  # CC major
-    _pdl = major.value >= 9 and os.environ.get("REFLEX_PDL", "1") != "0" and hasattr(lib, "cuLaunchKernelEx")
+    major = _attribute(lib, _CC_MAJOR, device)
+    _pdl = major >= 9 and os.environ.get("REFLEX_PDL", "1") != "0" and hasattr(lib, "cuLaunchKernelEx")
 
 
 def programmatic(launches: list[Launch]) -> list[Launch]:
-    """Mark launches (one decode step's) to go out as programmatic dependent launches where the GPU has them."""
+    """Mark launches (one decode step's) to go out as programmatic dependent launches where the GPU has them: each
+    gets its CUlaunchConfig, packed once like its arguments."""
     for launch in launches:
-        launch.pdl = True
+        g, b = launch.grid, launch.block
+        launch._config = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), launch.smem, None,
+                                       _PDL_ATTRS, 1)  # fmt: skip
     return launches
 
 
@@ -163,15 +166,22 @@ def pdl_enabled() -> bool:
     return _pdl
 
 
+_CC_MAJOR, _CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+
+
+def _attribute(lib: ctypes.CDLL, attribute: int, device: int) -> int:
+    value = ctypes.c_int()
+    check(lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, device), "cuDeviceGetAttribute")
+    return value.value
+
+
 def device_info(device: int = 0) -> dict:
     lib = libcuda()
     name = ctypes.create_string_buffer(256)
     check(lib.cuDeviceGetName(name, 256, device), "cuDeviceGetName")
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    check(lib.cuDeviceGetAttribute(ctypes.byref(major), 75, device), "cuDeviceGetAttribute")  # CC major
-    check(lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, device), "cuDeviceGetAttribute")  # CC minor
+    major, minor = _attribute(lib, _CC_MAJOR, device), _attribute(lib, _CC_MINOR, device)
     free, total = memory.rt_call("cudaMemGetInfo", memory.runtime().memGetInfo)
-    return {"name": name.value.decode(), "arch": f"sm_{major.value}{minor.value}", "free_mib": free >> 20,
+    return {"name": name.value.decode(), "arch": f"sm_{major}{minor}", "free_mib": free >> 20,
             "total_mib": total >> 20}  # fmt: skip
 
 
@@ -222,12 +232,10 @@ class Launch:
         self.name = _kernel_names.get(fn.value, "?")  # "module.kernel", for profiles and error messages
         self._args = args  # the ctypes values the parameter array points into: kept alive with it
         self._params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        self.pdl = False  # a programmatic dependent launch (programmatic(): the decode step's)
-        self._config = _LaunchConfig((ctypes.c_uint * 3)(*self.grid), (ctypes.c_uint * 3)(*self.block), smem, None,
-                                     _PDL_ATTRS, 1)  # fmt: skip
+        self._config: _LaunchConfig | None = None  # set by programmatic(): a programmatic dependent launch
 
     def __call__(self, stream: int = 0) -> None:
-        if _pdl and self.pdl:
+        if _pdl and self._config is not None:
             self._config.stream = stream
             config = ctypes.byref(self._config)
             check(libcuda().cuLaunchKernelEx(config, self.fn, self._params, None), "cuLaunchKernelEx")
