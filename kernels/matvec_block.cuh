@@ -21,6 +21,7 @@
 #include "common.cuh"
 #include "quant.cuh"
 #include "quant_dot.cuh"
+#include "quant_i16.cuh"
 #include "stage.cuh"
 
 namespace mv {
@@ -70,8 +71,9 @@ template <int T, int N>
 constexpr bool SPLIT_N = q::SPLIT<T> && N <= 4;
 
 // acc[t * RPT + r] += dot(row r values [8g, +8), token t values [8g, +8) times norm_w) for the RPT rows at rp.
-// (gw: the group's index in the rows at rp, gx: in x.)
-template <int T, int N, int RPT>
+// (gw: the group's index in the rows at rp, gx: in x.) I16: the values times norm_w rounded to 16 bits and dotted in
+// integers (quant_i16.cuh), once a group for all RPT rows.
+template <int T, int N, int RPT, bool I16 = false>
 __device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int gw, int gx, const float* __restrict__ x,
                                           const int (&xo)[N], const float* __restrict__ norm_w,
                                           float (&acc)[RPT * N], float (&ss)[N]) {
@@ -89,15 +91,25 @@ __device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int g
                 xv[t][k] *= nw[k];
             }
     }
-    float xs[N];  // quant_dot.cuh's split form: the x sums, once for all RPT rows
-    q::xsums<T, N>(xv, xs);
+    if constexpr (I16) {
+        q16::Group a[N];
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) q::dot8_acc<T, N, RPT, SPLIT_N<T, N>>(rp[r], gw, xv, xs, &acc[r]);
+        for (int t = 0; t < N; ++t) a[t] = q16::quantize8(xv[t]);
+#pragma unroll
+        for (int r = 0; r < RPT; ++r)
+#pragma unroll
+            for (int t = 0; t < N; ++t) acc[t * RPT + r] = fmaf(a[t].s, q16::dot8<T>(rp[r], gw, a[t]), acc[t * RPT + r]);
+    } else {
+        float xs[N];  // quant_dot.cuh's split form: the x sums, once for all RPT rows
+        q::xsums<T, N>(xv, xs);
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) q::dot8_acc<T, N, RPT, SPLIT_N<T, N>>(rp[r], gw, xv, xs, &acc[r]);
+    }
 }
 
 // Per-thread partial dot products of the block's rows with N tokens, reduced over each warp into
 // red[warp][t * RPT + r] (and the sums of squares of x into red_ss[warp][t]).
-template <int T, int N, int NM, int S>
+template <int T, int N, int NM, int S, bool I16>
 __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                              long long row_bytes, int R, int K, const float* __restrict__ x, int n,
                                              const float* __restrict__ norm_w, float* red, float* red_ss, uint8_t* buf,
@@ -137,7 +149,7 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
 #pragma unroll
             for (int r = 0; r < RPT; ++r)
                 rp[r] = stage::landed(buf + (s0 + r) * P, W + (long long)min(row0 + r, R - 1) * row_bytes);
-            for (int g = tt; g < G; g += SPAN) dot_group<T, N, RPT>(rp, g, g, x, xo, norm_w, acc, ss);
+            for (int g = tt; g < G; g += SPAN) dot_group<T, N, RPT, I16>(rp, g, g, x, xo, norm_w, acc, ss);
         }
     }
     if (!staged) {
@@ -149,7 +161,7 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
 #pragma unroll
             for (int r = 0; r < RPT; ++r) rp[r] = rowp[r];
             if constexpr (TOUCH<T>) touch_rows<T, RPT>(rp, g, n);
-            dot_group<T, N, RPT>(rp, g, g, x, xo, norm_w, acc, ss);
+            dot_group<T, N, RPT, I16>(rp, g, g, x, xo, norm_w, acc, ss);
         }
     }
 
@@ -170,10 +182,12 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
 
 // Thread i < 8 * N finishes output (token i / 8, row 8 * blk + i % 8) from the warps' totals: the row's
 // slice is warps [m * WT + s * WS, +WS) of team m (WT warps a team, WS a slice); sums of squares come from the warps
-// of team 0, slice 0, which together covered every group of x once.
+// of team 0, slice 0, which together covered every group of x once. yq (SwiGLU, N = 1, R % 8 == 0): the 8 outputs,
+// one group, rounded to 16 bits into yq[row] and ym[row / 8] (quant_i16.cuh) instead of y.
 template <int N, int NM, int S>
 __device__ __forceinline__ void finish(int R, int K, int n, const float* norm_w, float eps, const float* resid,
-                                       float* y, const float* red, const float* red_ss, int blk) {
+                                       float* y, const float* red, const float* red_ss, int blk,
+                                       int16_t* yq = nullptr, q16::Meta* ym = nullptr) {
     constexpr int RPT = ROWS / S, V = RPT * N, WT = 8 / NM, WS = WT / S;
     const int i = threadIdx.x, t = i / ROWS, r = i % ROWS, row = (blk < 0 ? int(blockIdx.x) : blk) * ROWS + r;
     if (i >= ROWS * N || t >= n || row >= R) return;
@@ -195,34 +209,43 @@ __device__ __forceinline__ void finish(int R, int K, int n, const float* norm_w,
     if constexpr (NM == 1) {
         y[o] = resid ? resid[o] + s * a : s * a;  // resid may be y: this thread alone reads and writes y[o]
     } else {
-        const float gate = s * a, up = s * b;
-        y[o] = gate / (1.f + expf(-gate)) * up;
+        const float gate = s * a, up = s * b, v = gate / (1.f + expf(-gate)) * up;
+        if (N == 1 && yq) {
+            q16::Meta m;
+            yq[o] = q16::quantize_lanes8(v, m);  // threads 0..7: lanes 0..7 of warp 0
+            if (r == 0) ym[o >> 3] = m;
+        } else {
+            y[o] = v;
+        }
     }
 }
 
-template <int T, int N, int NM, int S>
+template <int T, int N, int NM, int S, bool I16>
 __device__ __forceinline__ void matvec_sliced(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                               const float* x, int n, const float* norm_w, float eps,
-                                              const float* resid, float* y, uint8_t* buf, int blk) {
+                                              const float* resid, float* y, uint8_t* buf, int blk, int16_t* yq,
+                                              q16::Meta* ym) {
     __shared__ float red[8 * ROWS * N];  // [warp][token * RPT + row of the slice]
     __shared__ float red_ss[8 * N];      // [warp][token]
-    partial_dots<T, N, NM, S>(W0, W1, row_bytes, R, K, x, n, norm_w, red, red_ss, buf, blk);
-    finish<N, NM, S>(R, K, n, norm_w, eps, resid, y, red, red_ss, blk);
+    partial_dots<T, N, NM, S, I16>(W0, W1, row_bytes, R, K, x, n, norm_w, red, red_ss, buf, blk);
+    finish<N, NM, S>(R, K, n, norm_w, eps, resid, y, red, red_ss, blk, yq, ym);
 }
 
 // Rows [8 * blk, +8) of the matrix (blk: the block's index among those of this matrix; -1: blockIdx.x, read where it
 // is used, so a plain launch keeps no register for it). buf: STAGE_BYTES<T, NM> of shared memory, 16-byte aligned.
-template <int T, int N, int NM>
+// I16: integer dots with x rounded to 16 bits (q16::HAS<T>); yq, ym: finish's 16-bit output.
+template <int T, int N, int NM, bool I16 = false>
 __device__ __forceinline__ void matvec_block_in(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R,
                                                 int K, const float* x, int n, const float* norm_w, float eps,
-                                                const float* resid, float* y, uint8_t* buf, int blk) {
+                                                const float* resid, float* y, uint8_t* buf, int blk,
+                                                int16_t* yq = nullptr, q16::Meta* ym = nullptr) {
     // N = 8 with 8 rows a thread needs 230-255 registers; Q5_K swiglu spilled there (sm_75/86/89, nvcc 13.0), so
     // Q5_K halves its rows instead (about 1.5x slower at N = 8: x is then read by both slices).
     constexpr bool N8_SPLIT = N == 8 && T == q::Q5_K;
     if (N8_SPLIT || (N < 8 && 2 * (K >> 3) <= THREADS / NM))
-        matvec_sliced<T, N, NM, 2>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk);
+        matvec_sliced<T, N, NM, 2, I16>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk, yq, ym);
     else if constexpr (!N8_SPLIT)
-        matvec_sliced<T, N, NM, 1>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk);
+        matvec_sliced<T, N, NM, 1, I16>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk, yq, ym);
 }
 
 // matvec_block_in with its own staging buffer.

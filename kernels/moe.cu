@@ -82,6 +82,26 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
 Q_FOR_EACH_COMMON_TYPE(MOE_COMMON_KERNELS)
 Q_FOR_EACH_LOWBIT_TYPE(MOE_LOWBIT_KERNELS)
 
+// The 16-bit forms (moe_expert.cuh), as moe_gate_up / moe_down with the experts' SwiGLU outputs as 16-bit groups:
+// yq [n_items, R] int16 and ym [n_items, R / 8] q16::Meta (R % 8 == 0; Wu given). 2 blocks an SM: no type spills.
+#define MOE_I16_KERNELS(tag, T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(moe::MV_THREADS, 2)                                                  \
+        moe_gate_up16_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R, \
+                            int K, const float* x, const int* ids, int k, int16_t* yq, q16::Meta* ym, int n_items,    \
+                            const uint8_t* Sg, const uint8_t* Su, int parts, float* hs) {                             \
+        pdl::begin();                                                                                                 \
+        moe::gate_up<T, true>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, nullptr, n_items, Sg, Su, parts, hs,  \
+                              yq, ym);                                                                                \
+    }                                                                                                                 \
+    extern "C" __global__ void MOE_DOWN_BOUNDS                                                                        \
+        moe_down16_##tag(const uint8_t* W, long long row_bytes, long long expert_bytes, int R, int K,                 \
+                         const int16_t* hq, const q16::Meta* hm, const int* ids, const float* w, int k,               \
+                         const float* shared, const float* sgate, float* x) {                                         \
+        pdl::begin();                                                                                                 \
+        moe::down<T, true>(W, row_bytes, expert_bytes, R, K, nullptr, ids, w, k, shared, sgate, x, hq, hm);           \
+    }
+Q16_FOR_EACH_TYPE(MOE_I16_KERNELS)
+
 // Block 256, grid.x = n (one token a block).
 extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
     moe_route(const float* logits,              // [n, E] router logits, E <= 1024

@@ -17,6 +17,9 @@
 //   SM with too few loads in flight (R / 8 blocks of 8 warps: 256 blocks for R = 2048 on 132 SMs). Its lanes stride
 //   over groups (a warp reads one K-quant super-block, or 8 blocks of 32, a step), the loop unrolled by 2. Staging its
 //   rows through shared memory, in passes a warp, measured slower on the H200 (12.2 -> 14.0 us, 30B-A3B shape).
+// The 16-bit forms (gate_up<T, true>, down<T, true>; quant_i16.cuh's types): gate_up rounds x to 16 bits a group of 8
+// and dots in integers; its SwiGLU outputs, 8 rows of a block being one group, go out rounded the same way (int16
+// values and a Meta a group), which down reads in place of the float h.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -26,18 +29,20 @@
 #include "moe_route.cuh"  // MAX_K
 #include "quant.cuh"
 #include "quant_dot.cuh"
+#include "quant_i16.cuh"
 
 namespace moe {
 
 constexpr int MV_THREADS = mv::THREADS;  // gate_up runs matvec_block
 constexpr int DOWN_WPR = 4, DOWN_ROWS = MV_THREADS / 32 / DOWN_WPR;  // down: 4 warps a row, 2 rows a block
 
-template <int T>
+template <int T, bool I16 = false>
 __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu,
                                         long long row_bytes, long long expert_bytes, int R, int K,
                                         const float* __restrict__ x, const int* __restrict__ ids, int k,
                                         float* __restrict__ y, int n_items, const uint8_t* __restrict__ Sg,
-                                        const uint8_t* __restrict__ Su, int parts, float* __restrict__ hs) {
+                                        const uint8_t* __restrict__ Su, int parts, float* __restrict__ hs,
+                                        int16_t* __restrict__ yq = nullptr, q16::Meta* __restrict__ ym = nullptr) {
     const int p = blockIdx.y;
     __shared__ __align__(16) uint8_t buf[mv::STAGE_BYTES<T, 2>];  // either branch's staging
     // Item p's rows as byte offsets from Wg and Wu (the shared expert's too, so that one call site decodes every
@@ -45,6 +50,8 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
     long long og, ou;
     int t;
     float* yp;
+    int16_t* qp = nullptr;  // I16: the experts' outputs go out as 16-bit groups (the shared expert's stay float)
+    q16::Meta* mp = nullptr;
     if (p >= n_items) {  // the shared expert in parts of R rows (Wu is given): part q % parts of token q / parts
         const int q = p - n_items;
         t = q / parts;
@@ -56,17 +63,23 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
         og = ou = ids[p] * expert_bytes;
         t = p / k;
         yp = y + (long long)p * R;
+        if (I16) qp = yq + (long long)p * R, mp = ym + (long long)p * (R >> 3);
     }
     const float* xt = x + (long long)t * K;
-    if (Wu) mv::matvec_block_in<T, 1, 2>(Wg + og, Wu + ou, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
-    else mv::matvec_block_in<T, 1, 1>(Wg + og, Wg + og, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
+    if (Wu)
+        mv::matvec_block_in<T, 1, 2, I16>(Wg + og, Wu + ou, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf,
+                                          -1, qp, mp);
+    else if constexpr (!I16)
+        mv::matvec_block_in<T, 1, 1>(Wg + og, Wg + og, row_bytes, R, K, xt, 1, nullptr, 0.f, nullptr, yp, buf, -1);
 }
 
-template <int T>
+// I16: h is given as hq and hm (gate_up<T, true>'s 16-bit groups), h itself unused.
+template <int T, bool I16 = false>
 __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long row_bytes, long long expert_bytes, int R,
                                      int K, const float* __restrict__ h, const int* __restrict__ ids,
                                      const float* __restrict__ w, int k, const float* __restrict__ shared,
-                                     const float* __restrict__ sgate, float* x) {
+                                     const float* __restrict__ sgate, float* x, const int16_t* __restrict__ hq = nullptr,
+                                     const q16::Meta* __restrict__ hm = nullptr) {
     __shared__ long long eoff[MAX_K];         // byte offset of each slot's expert in the stack
     __shared__ float wt[MAX_K];               // each slot's weight
     __shared__ float part[MV_THREADS / 32];   // each warp's share of its row
@@ -81,15 +94,21 @@ __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long ro
     // even when a slot has only a few groups per lane.
     const int G = K >> 3, total = k * G, lo = quarter * total / DOWN_WPR, hi = (quarter + 1) * total / DOWN_WPR;
     const uint8_t* Wr = W + min(r, R - 1) * row_bytes;  // rows past R (last block) compute row R - 1, never written
-    const float* ht = h + (long long)t * k * K;
+    const long long item0 = (long long)t * k;  // the token's first item
     float acc = 0.f;
 #pragma unroll 2
     for (int i = lo + lane; i < hi; i += 32) {
         const int j = i / G, q = i - j * G;
-        float hv[1][8], hs[1], d = 0.f;  // quant_dot.cuh: the split form where the type has one
-        cm::load8f(ht + (long long)j * K + 8 * q, hv[0]);
-        q::xsums<T, 1>(hv, hs);
-        q::dot8_acc<T, 1>(Wr + eoff[j], q, hv, hs, &d);
+        float d = 0.f;
+        if constexpr (I16) {
+            const q16::Group a = q16::load(hq + (item0 + j) * K + 8 * q, hm + (item0 + j) * G + q);
+            d = a.s * q16::dot8<T>(Wr + eoff[j], q, a);
+        } else {
+            float hv[1][8], hs[1];  // quant_dot.cuh: the split form where the type has one
+            cm::load8f(h + (item0 + j) * K + 8 * q, hv[0]);
+            q::xsums<T, 1>(hv, hs);
+            q::dot8_acc<T, 1>(Wr + eoff[j], q, hv, hs, &d);
+        }
         acc = fmaf(wt[j], d, acc);
     }
     acc = cm::warp_sum(acc);

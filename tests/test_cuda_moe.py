@@ -355,6 +355,161 @@ def test_down(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> None
     assert np.isnan(got[n * dim :]).all(), f"{context}: written past the outputs"
 
 
+
+# -- the 16-bit forms (kernels/quant_i16.cuh) ---------------------------------------------------------------------
+
+I16_TYPES = sorted(k_moe.I16_TYPES)
+HALF_STEP = 0.504  # |x - s q| <= HALF_STEP * s (test_round16_bounds)
+
+
+def round16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """quant_i16.cuh's rounding of float32 rows, a group of 8 along the last axis: (q int16, s float32, sum of q
+    int32), per group; q * s is the value the kernels dot with. (The kernel's 32767 / amax is a fast division, so a
+    q may differ by one where x / s falls within a few ulp of a half.)"""
+    g = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // 8, 8)
+    amax = np.abs(g).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 1e-30, np.float32(32767) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(g.astype(np.float64) * inv[..., None].astype(np.float64)).astype(np.int16)
+    s = (amax * np.float32(1 / 32767)).astype(np.float32)
+    return q.reshape(x.shape), s, q.astype(np.int32).sum(-1)
+
+
+def rounded(x: np.ndarray) -> np.ndarray:
+    """x as the 16-bit forms see it: q * s, float64."""
+    q, s, _ = round16(x)
+    g = q.reshape(*x.shape[:-1], x.shape[-1] // 8, 8).astype(np.float64) * s[..., None]
+    return g.reshape(x.shape)
+
+
+def groups16(q: np.ndarray, s: np.ndarray, qsum: np.ndarray) -> k_moe.Groups16:
+    rows, width = q.shape
+    meta = np.stack([s.view(np.int32), qsum.astype(np.int32)], axis=-1).reshape(rows, width // 8, 2)
+    return k_moe.Groups16(DeviceArray.from_host(np.ascontiguousarray(q)), DeviceArray.from_host(meta))
+
+
+def test_round16_bounds() -> None:
+    """The rounding's own contract: |x - s q| <= 0.504 s (s / 2, plus q times the float32 rounding of s and 1 / s),
+    |q| <= 32767; zeros stay zero."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(64, 256)) * np.exp(rng.normal(size=(64, 1)) * 4)).astype(np.float32)
+    x[3, :8] = 0.0
+    q, s, qsum = round16(x)
+    err = np.abs(x.astype(np.float64) - rounded(x)).reshape(64, 32, 8)
+    assert (err <= s[..., None] * HALF_STEP).all() and np.abs(q.astype(np.int32)).max() <= 32767
+    assert (q[3, :8] == 0).all() and qsum[3, 0] == 0
+
+
+@pytest.mark.parametrize("shared", [0, 2], ids=["alone", "shared"])
+@pytest.mark.parametrize("small", SMALL, ids=lambda s: "n{}_k{}_E{}".format(*s))
+@pytest.mark.parametrize("shape", [(256, 256), (512, 96), (2048, 64)], ids=lambda s: "dim{}_F{}".format(*s))
+@pytest.mark.parametrize("ggml_type", I16_TYPES, ids=lambda t: t.name)
+def test_gate_up16(ggml_type: GGMLType, shape, small, shared: int, seed: int) -> None:
+    """moe_gate_up16: the SwiGLU of x rounded to 16 bits, its outputs rounded again into 16-bit groups: each output
+    q * s within the float tolerance of the rounded-x reference plus its own rounding (s / 2), each group's step its
+    largest |output| / 32767 and its sum exact; the shared expert's SwiGLU (float) beside it; slack poisoned."""
+    dim, ff = shape
+    n, k, n_experts = small
+    needs_blocks(ggml_type, dim)
+    rng = np.random.default_rng(seed)
+    g, u = Stack(rng, ggml_type, n_experts, ff, dim), Stack(rng, ggml_type, n_experts, ff, dim)
+    x, ids = _xf(rng, n, dim) * np.exp(rng.normal(size=(n, dim)).astype(np.float32)), routed_ids(rng, n, n_experts, k)
+    items = n * k
+    y = k_moe.Groups16(poisoned((items * ff + 8,), "i2"), poisoned((items * ff // 4 + 2,), "i4"))
+    kw = {}
+    if shared:
+        sg, su = Stack(rng, ggml_type, 1, shared * ff, dim), Stack(rng, ggml_type, 1, shared * ff, dim)
+        hs = poisoned((n * shared * ff + 5,))
+        kw = {"shared": (sg.dev, su.dev), "hs": hs}
+    d_x, d_ids = DeviceArray.from_host(x), DeviceArray.from_host(ids)
+    run(k_moe.gate_up(g.dev, u.dev, d_x, d_ids, k, items, y, **kw))
+    context = f"{ggml_type.name} dim={dim} F={ff} n={n} k={k} E={n_experts} shared={shared} seed={seed}"
+    xr = rounded(x)
+    e = ids.reshape(-1)
+    ref, tol = _swiglu_ref(g.dense[e], u.dense[e], np.repeat(xr, k, axis=0))
+    q = y.q.to_host()
+    meta = y.meta.to_host()
+    assert (q[items * ff :].view(np.uint16) == 0xFFFF).all() and untouched(meta[items * ff // 4 :]), context
+    q = q[: items * ff].reshape(items, ff // 8, 8).astype(np.int64)
+    meta = meta[: items * ff // 4].reshape(items, ff // 8, 2)
+    s, qsum = meta[..., 0].view(np.float32).astype(np.float64), meta[..., 1]
+    np.testing.assert_array_equal(qsum, q.sum(-1), err_msg=f"{context}: group sums")
+    got = (q * s[..., None]).reshape(items, ff)
+    err = np.abs(got - ref)
+    bound = tol + np.repeat(s, 8, axis=-1) * HALF_STEP + 1e-30
+    assert (err <= bound).all(), f"{context}: worst {(err / bound).max():.3g} of the bound"
+    peak, slack = (a.reshape(items, ff // 8, 8).max(-1) for a in (np.abs(ref), tol))
+    assert (np.abs(s * 32767 - peak) <= slack + 1e-4 * peak + 1e-30).all(), f"{context}: group steps"
+    if shared:
+        want, t = _swiglu_ref(np.repeat(sg.dense, n, 0), np.repeat(su.dense, n, 0), xr)
+        got_hs = hs.to_host()
+        assert (np.abs(got_hs[: n * shared * ff].reshape(want.shape) - want) <= t + 1e-30).all(), context
+        assert untouched(got_hs[n * shared * ff :]), context
+
+
+@pytest.mark.parametrize("shared", ["none", "gated"])
+@pytest.mark.parametrize("small", SMALL, ids=lambda s: "n{}_k{}_E{}".format(*s))
+@pytest.mark.parametrize("shape", [(256, 256), (96, 768), (64, 1408)], ids=lambda s: "dim{}_F{}".format(*s))
+@pytest.mark.parametrize("ggml_type", I16_TYPES, ids=lambda t: t.name)
+def test_down16(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> None:
+    """moe_down16 on 16-bit groups made here: the weighted sum of the rows dotted with q * s exactly, the float
+    tolerance of moe_down, plus the shared expert; nothing past the outputs written."""
+    dim, ff = shape
+    n, k, n_experts = small
+    needs_blocks(ggml_type, ff)
+    rng = np.random.default_rng(seed)
+    d = Stack(rng, ggml_type, n_experts, dim, ff)
+    h, ids = _xf(rng, n * k, ff) * np.exp(rng.normal(size=(n * k, ff)).astype(np.float32)), routed_ids(
+        rng, n, n_experts, k)
+    h[0, 8:16] = 0.0  # an all-zero group
+    wts = rng.random((n, k)).astype(np.float32)
+    x0, ys, sg = _xf(rng, n, dim), _xf(rng, n, dim), rng.random(n).astype(np.float32)
+    x = DeviceArray.from_host(np.concatenate([x0.reshape(-1), np.full(5, np.nan, np.float32)]))
+    d_ids, d_w, d_ys, d_sg = (DeviceArray.from_host(a) for a in (ids, wts, ys, sg))
+    hq = groups16(*round16(h))
+    gated = shared == "gated"
+    run(k_moe.down(d.dev, hq, d_ids, d_w, k, n, x, shared=d_ys if gated else None, sgate=d_sg if gated else None))
+    hr = rounded(h)
+    e = ids.reshape(-1)
+    per = np.einsum("prc,pc->pr", d.dense[e], hr).reshape(n, k, dim)
+    per_abs = RTOL * np.einsum("prc,pc->pr", np.abs(d.dense[e]), np.abs(hr)).reshape(n, k, dim)
+    ref = x0 + np.einsum("tk,tkr->tr", wts, per) + (sg[:, None] * ys if gated else 0.0)
+    tol = np.einsum("tk,tkr->tr", wts, per_abs) + 1e-6 * np.abs(ref) + (1e-6 * np.abs(ys) if gated else 0.0)
+    got = x.to_host()
+    context = f"{ggml_type.name} dim={dim} F={ff} n={n} k={k} E={n_experts} shared={shared} seed={seed}"
+    err = np.abs(got[: n * dim].reshape(n, dim) - ref)
+    assert (err <= tol).all(), f"{context}: worst {np.nanmax(err / tol):.3g} of the bound, NaN: {np.isnan(err).sum()}"
+    assert np.isnan(got[n * dim :]).all(), f"{context}: written past the outputs"
+
+
+def test_i16_forms_keep_nan_and_refuse_what_they_cannot_take(seed: int) -> None:
+    """A NaN activation gives NaN outputs (not a finite guess); the wrappers refuse unfused pairs, other types and
+    widths that are not whole groups."""
+    rng = np.random.default_rng(seed)
+    g, u = Stack(rng, GGMLType.Q4_K, 2, 64, 256), Stack(rng, GGMLType.Q4_K, 2, 64, 256)
+    x = _xf(rng, 1, 256)
+    x[0, 17] = np.nan
+    y = k_moe.Groups16.empty(2, 64)
+    run(k_moe.gate_up(g.dev, u.dev, DeviceArray.from_host(x), DeviceArray.from_host(np.array([[0, 1]], np.int32)),
+                      2, 2, y))  # fmt: skip
+    assert np.isnan(y.meta.to_host()[..., 0].view(np.float32)).all()
+    d_ids = DeviceArray.from_host(np.array([[0, 1]], np.int32))
+    with pytest.raises(CudaError, match="16-bit"):
+        k_moe.gate_up(g.dev, None, DeviceArray.from_host(x), d_ids, 2, 2, y)
+    f = Stack(rng, GGMLType.Q5_K, 2, 64, 256)
+    with pytest.raises(CudaError, match="16-bit"):
+        k_moe.gate_up(f.dev, f.dev, DeviceArray.from_host(x), d_ids, 2, 2, y)
+    with pytest.raises(CudaError, match="multiple of 8"):
+        k_moe.Groups16.empty(2, 60)
+    def stack(t: GGMLType, rows: int, cols: int) -> DeviceWeight:
+        return DeviceWeight(0x1000, t, rows, cols, row_bytes(t, cols), t.name)
+
+    down, gate = stack(GGMLType.Q5_0, 256, 64), stack(GGMLType.Q4_K, 64, 256)
+    assert k_moe.takes_i16(gate, gate, down) and not k_moe.takes_i16(gate, None, down)
+    assert not k_moe.takes_i16(gate, gate, stack(GGMLType.Q5_1, 256, 64))
+    narrow = stack(GGMLType.Q4_K, 36, 256)  # 36 rows: the last gate_up block would hold half a group
+    assert not k_moe.takes_i16(narrow, narrow, stack(GGMLType.Q8_0, 256, 64))
+
 # -- prefill: gather, grouped GEMM, combine -----------------------------------------------------------------------
 
 
@@ -493,21 +648,29 @@ class Layer:
         self.dev[name] = dev
         self.ref[name] = values
 
-    def reference(self, x0: np.ndarray, norm_w: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def reference(self, x0: np.ndarray, norm_w: np.ndarray, logits: np.ndarray, i16: bool = False,
+                  shared_i16: bool = False) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """x0 + MoE(RMSNorm(x0) * norm_w) in float64, routed as engine/models/moe.py routes the device's logits
         (so a near-tie decided differently by float32 rounding cannot make the comparison flaky), and the normed
-        rows."""
+        rows. i16: the experts' inputs and SwiGLU outputs rounded as their 16-bit forms round them (shared_i16: the
+        shared expert's input too, when its SwiGLU rides in their launch)."""
         R, x = self.ref, x0.astype(np.float64)
         h = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-6) * norm_w
+        hr = rounded(h) if i16 else h
+
+        def act(a: np.ndarray) -> np.ndarray:  # the SwiGLU outputs down reads
+            return rounded(a) if i16 else a
+
         bias = R["exp_probs_b"].astype(np.float32) if "exp_probs_b" in R else None
         chosen, w = M.route(logits, self.moe, bias)
         out = np.zeros_like(h)
         for e in np.unique(chosen):
             rows, slot = np.nonzero(chosen == e)
-            g, u = h[rows] @ R["ffn_gate_exps"][e].T, h[rows] @ R["ffn_up_exps"][e].T
-            out[rows] += w[rows, slot, None] * ((g / (1 + np.exp(-g)) * u) @ R["ffn_down_exps"][e].T)
+            g, u = hr[rows] @ R["ffn_gate_exps"][e].T, hr[rows] @ R["ffn_up_exps"][e].T
+            out[rows] += w[rows, slot, None] * (act(g / (1 + np.exp(-g)) * u) @ R["ffn_down_exps"][e].T)
         if self.moe.shared_hidden_dim:
-            g, u = h @ R["ffn_gate_shexp"].T, h @ R["ffn_up_shexp"].T
+            hs = hr if shared_i16 else h
+            g, u = hs @ R["ffn_gate_shexp"].T, hs @ R["ffn_up_shexp"].T
             s = (g / (1 + np.exp(-g)) * u) @ R["ffn_down_shexp"].T
             if "ffn_gate_inp_shexp" in R:
                 s = s / (1 + np.exp(-(h @ R["ffn_gate_inp_shexp"])))[:, None]
@@ -541,7 +704,10 @@ def test_moe_ffn(name: str, n: int, seed: int) -> None:
         launch()
     memory.synchronize(0)
     got, logits = x.to_host(), ffn.s.logits.to_host()[:n]
-    want, h = layer.reference(x0[:n], norm_w, logits)
+    i16 = ffn.i16 and n <= 8  # the 16-bit expert forms (k_moe.takes_i16): the reference rounds as they do
+    assert any(nm.startswith("moe_gate_up16") for nm in names) == i16, names
+    assert ffn.i16 == (name in ("qwen3-30b-q4_k", "deepseek-q8_0", "deepseek-v2-q4_k")), name
+    want, h = layer.reference(x0[:n], norm_w, logits, i16, i16 and ffn._fused_shared())
     context = f"{name} n={n} seed={seed}"
     np.testing.assert_allclose(logits, h @ layer.ref["ffn_gate_inp"].T, rtol=1e-4, atol=1e-5, err_msg=context)
     np.testing.assert_array_equal(got[n:], x0[n:], err_msg=f"{context}: rows past n changed")

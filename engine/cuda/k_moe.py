@@ -6,9 +6,14 @@ needed. Expert ids live in device memory and are not checked here: `route` write
 later kernel trusts them. An expert stack is passed as the `DeviceWeight` of its expert 0 (rows x cols of one
 expert, as `DeviceWeights.matrix` gives for a GGUF ne [cols, rows, n_experts]); expert e starts
 `e * rows * row_bytes` bytes further. A routed "item" is one (token, slot) pair, item p = token p // k, slot p % k.
+
+The 16-bit forms (kernels/quant_i16.cuh): for the types in I16_TYPES, gate_up rounds each group of 8 activations to
+16 bits and dots in integers, and hands its SwiGLU outputs to down as `Groups16` instead of float rows.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
@@ -27,6 +32,33 @@ DOWN_ROWS = 2  # moe_down: 4 warps a row (kernels/moe_expert.cuh)
 TILE = 64  # rows (and weight rows) of a grouped-GEMM tile: gemm_tile.cuh's BM and BN
 GEMM_THREADS = 128
 MAX_GRID_Y = 65535
+I16_TYPES = frozenset({GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0})  # quant_i16.cuh's dot8
+
+
+@dataclass(frozen=True)
+class Groups16:
+    """Rows rounded to 16 bits a group of 8 values (kernels/quant_i16.cuh), as moe_gate_up16 writes them: q (rows,
+    width) i2, meta (rows, width / 8, 2) i4: each group's step (float32 bits) and the sum of its 8 q."""
+
+    q: DeviceArray
+    meta: DeviceArray
+
+    @classmethod
+    def empty(cls, rows: int, width: int) -> Groups16:
+        if width % 8:
+            raise CudaError(f"16-bit groups: width {width} is not a multiple of 8")
+        return cls(DeviceArray.empty((rows, width), "i2"), DeviceArray.empty((rows, width // 8, 2), "i4"))
+
+    def need(self, rows: int, width: int, what: str) -> None:
+        need(self.q, f"{what} q", "i2", rows * width, aligned=True)
+        need(self.meta, f"{what} meta", "i4", rows * width // 4)
+
+
+def takes_i16(gate: DeviceWeight, up: DeviceWeight | None, down: DeviceWeight) -> bool:
+    """Whether gate_up and down can run their 16-bit forms on these stacks: gate and up fused (one layout), all of
+    I16_TYPES, the expert width a multiple of 8 (a gate_up block's 8 outputs are one group)."""
+    return (up is not None and _layout(gate) == _layout(up) and gate.ggml_type in I16_TYPES
+            and down.ggml_type in I16_TYPES and gate.rows % 8 == 0 and down.cols == gate.rows)  # fmt: skip
 
 
 def max_tiles(n_items: int, n_experts: int) -> int:
@@ -192,7 +224,7 @@ def gate_up(
     ids: DeviceArray,  # (n_items,) i4
     k: int,
     n_items: int,  # n * k, at most 8 tokens' worth in practice
-    y: DeviceArray,  # (n_items, F) f4 out
+    y: DeviceArray | Groups16,  # (n_items, F) f4 out; Groups16: the 16-bit form (takes_i16), its rows rounded
     *,
     shared: tuple[DeviceWeight, DeviceWeight] | None = None,  # ffn_gate_shexp, ffn_up_shexp (S, dim), S % F == 0
     hs: DeviceArray | None = None,  # (n, S) f4 out, with shared: silu(gate_shexp . x) * (up_shexp . x)
@@ -205,7 +237,14 @@ def gate_up(
         _stack(wu)
     need(x, "x", "f4", (n_items - 1) // k * wg.cols + wg.cols, aligned=True)
     need(ids, "ids", "i4", n_items)
-    need(y, "y", "f4", n_items * wg.rows)
+    if isinstance(y, Groups16):
+        if wu is None or wg.ggml_type not in I16_TYPES or wg.rows % 8:
+            raise CudaError(f"moe gate_up: no 16-bit form for {wg.name} {wg.tag} {wg.rows} rows (fused, 8 | rows)")
+        y.need(n_items, wg.rows, "y")
+        name, out = f"moe_gate_up16_{wg.tag}", [ptr(y.q), ptr(y.meta)]
+    else:
+        need(y, "y", "f4", n_items * wg.rows)
+        name, out = f"moe_gate_up_{wg.tag}", [ptr(y)]
     parts, sg, su, extra = 0, None, None, 0
     if shared is not None:
         if not fuses_shared(wg, wu, *shared):
@@ -216,9 +255,9 @@ def gate_up(
         parts, n = sg.rows // wg.rows, n_items // k
         need(hs, "hs", "f4", n * sg.rows)
         extra = n * parts
-    fn = driver.module("moe").fn(f"moe_gate_up_{wg.tag}")
+    fn = driver.module("moe").fn(name)
     args = [ptr(wg.ptr), ptr(None if wu is None else wu.ptr), i64(wg.row_bytes), i64(stride), i32(wg.rows),
-            i32(wg.cols), ptr(x), ptr(ids), i32(k), ptr(y), i32(n_items), ptr(sg), ptr(su), i32(parts),
+            i32(wg.cols), ptr(x), ptr(ids), i32(k), *out, i32(n_items), ptr(sg), ptr(su), i32(parts),
             ptr(hs)]  # fmt: skip
     _items(n_items + extra, "moe gate_up with the shared expert")
     return Launch(fn, ((wg.rows + MV_ROWS - 1) // MV_ROWS, n_items + extra), (MV_THREADS,), args)
@@ -238,7 +277,7 @@ def fuses_shared(wg: DeviceWeight, wu: DeviceWeight | None, sg: DeviceWeight, su
 
 def down(
     w: DeviceWeight,  # expert 0 of ffn_down_exps: (dim, F) GGUF blocks
-    h: DeviceArray,  # (n * k, F) f4: gate_up's output per item
+    h: DeviceArray | Groups16,  # (n * k, F) f4: gate_up's output per item (Groups16: its 16-bit form)
     ids: DeviceArray,  # (n * k,) i4
     wts: DeviceArray,  # (n * k,) f4 routing weights
     k: int,
@@ -251,7 +290,14 @@ def down(
     if not (1 <= k <= MAX_K and 1 <= n <= MAX_GRID_Y):
         raise CudaError(f"moe down: k={k} (at most {MAX_K}), n={n}")
     stride = _stack(w)
-    need(h, "h", "f4", n * k * w.cols, aligned=True)
+    if isinstance(h, Groups16):
+        if w.ggml_type not in I16_TYPES:
+            raise CudaError(f"moe down: no 16-bit form for {w.name} {w.tag}")
+        h.need(n * k, w.cols, "h")
+        name, hargs = f"moe_down16_{w.tag}", [ptr(h.q), ptr(h.meta)]
+    else:
+        need(h, "h", "f4", n * k * w.cols, aligned=True)
+        name, hargs = f"moe_down_{w.tag}", [ptr(h)]
     need(ids, "ids", "i4", n * k)
     need(wts, "wts", "f4", n * k)
     need(x, "x", "f4", n * w.rows)
@@ -259,8 +305,8 @@ def down(
         need(shared, "shared", "f4", n * w.rows)
     if sgate is not None:
         need(sgate, "sgate", "f4", n)
-    fn = driver.module("moe").fn(f"moe_down_{w.tag}")
-    args = [ptr(w.ptr), i64(w.row_bytes), i64(stride), i32(w.rows), i32(w.cols), ptr(h), ptr(ids), ptr(wts), i32(k),
+    fn = driver.module("moe").fn(name)
+    args = [ptr(w.ptr), i64(w.row_bytes), i64(stride), i32(w.rows), i32(w.cols), *hargs, ptr(ids), ptr(wts), i32(k),
             ptr(shared), ptr(sgate), ptr(x)]  # fmt: skip
     return Launch(fn, ((w.rows + DOWN_ROWS - 1) // DOWN_ROWS, n), (MV_THREADS,), args)
 

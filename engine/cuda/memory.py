@@ -154,7 +154,7 @@ def need_aligned_weight(w: DeviceWeight) -> None:
 
 # -- device arrays -----------------------------------------------------------------------------------------
 
-_ITEMSIZE = {"f4": 4, "f2": 2, "i4": 4, "i8": 8, "u1": 1, "u4": 4, "u8": 8}
+_ITEMSIZE = {"f4": 4, "f2": 2, "i2": 2, "i4": 4, "i8": 8, "u1": 1, "u4": 4, "u8": 8}
 
 
 class DeviceArray:

@@ -7,7 +7,9 @@ Per MoE layer, for n tokens:
   (one token with an F32 router and no LoRA update of it: moe_route_decode, the three in one launch);
   shared expert (when the model has one): the dense matvec / GEMM launches;
   n <= 8 : moe_gate_up (every chosen expert of every token, one launch; the shared expert's SwiGLU too where its type
-           and width allow), moe_down (weighted sum + shared + residual);
+           and width allow), moe_down (weighted sum + shared + residual); for the types of k_moe.I16_TYPES their
+           16-bit forms (activations rounded to 16 bits a group of 8, integer dots, h handed over as 16-bit groups;
+           REFLEX_MOE_I16=0 keeps the float forms);
   n >  8 : moe_group (rows sorted by expert), moe_gather, grouped GEMMs gate/up and down, moe_combine.
 Expert ids never leave the device, so a decode step stays one CUDA graph. Weights stay in their GGUF stacks.
 
@@ -25,6 +27,7 @@ MoE kernels over the same expert ids, one row per routed item:
 from __future__ import annotations
 
 import array
+import os
 import weakref
 
 from engine.config import ModelConfig
@@ -82,6 +85,7 @@ class _Scratch:
         self.counter = k_moe.route_counter()  # route_decode's ticket (1,) i32, zero between launches
         self.h = DeviceArray.empty((items, f))  # SwiGLU per item, token-major (n <= 8) or by expert (b*k, F) f32
         self.h2: DeviceArray | None = None  # up projections when gate/up types differ (b*k, F) f32
+        self.h16 = k_moe.Groups16.empty(min(b, SMALL_BATCH) * k, f) if f % 8 == 0 else None  # h, 16-bit (<= 8 tokens)
         s = m.shared_hidden_dim
         self.hs = DeviceArray.empty((b, s)) if s else None  # shared expert SwiGLU (b, S) f32
         self.hs2: DeviceArray | None = None  # its up projection when types differ (b, S) f32
@@ -150,6 +154,8 @@ class MoEFFN:
         self.s = _Scratch.of(cfg, max_batch)
         self.s.second_buffers(self.split_experts, self.split_shared)
         self.lora = NO_LORA  # use_lora replaces it before the first launch list is built
+        self.i16 = os.environ.get("REFLEX_MOE_I16", "1") != "0" and self.s.h16 is not None and k_moe.takes_i16(
+            self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)  # n <= 8: the 16-bit expert forms
 
     def use_lora(self, lora: DeviceLora) -> None:
         """Apply the model's LoRA updates of this layer's router, experts and shared expert (engine/cuda/lora.attach,
@@ -220,17 +226,19 @@ class MoEFFN:
         s, k = self.s, self.moe.n_experts_used
         items = n * k
         gate, up, down = self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
+        # the experts' SwiGLU rows: 16-bit groups where both kernels have the form and no update of down reads h
+        h = s.h16 if self.i16 and not self.split_experts and not self.lora.of(down.name) else s.h
         if self.split_experts:
             out = self._shared(n)
             out += [k_moe.gate_up(gate, None, s.xn, s.ids, k, items, s.h), *self._small_lora_in(gate, items, s.h),
                     k_moe.gate_up(up, None, s.xn, s.ids, k, items, s.h2), *self._small_lora_in(up, items, s.h2),
                     kel.swiglu(s.h, s.h2, s.h, items * gate.rows)]  # fmt: skip
         elif self._fused_shared():  # the shared expert's SwiGLU in the same launch, then its down projection
-            out = [k_moe.gate_up(gate, up, s.xn, s.ids, k, items, s.h, shared=self.shexp[:2], hs=s.hs)]
+            out = [k_moe.gate_up(gate, up, s.xn, s.ids, k, items, h, shared=self.shexp[:2], hs=s.hs)]
             out += _matmul(self.shexp[2], s.hs, n, s.ys, self.lora)
         else:
-            out = [*self._shared(n), k_moe.gate_up(gate, up, s.xn, s.ids, k, items, s.h)]
-        out.append(k_moe.down(down, s.h, s.ids, s.wts, k, n, x, **self._shared_args()))
+            out = [*self._shared(n), k_moe.gate_up(gate, up, s.xn, s.ids, k, items, h)]
+        out.append(k_moe.down(down, h, s.ids, s.wts, k, n, x, **self._shared_args()))
         for pair in self.lora.of(down.name):  # x[t] += sum_j w_j B'_e (A_e h_j): item p's A_e . h[p] (k = 1), summed
             t = s.lora_t(pair)
             out += [k_moe.gate_up(pair.a, None, s.h, s.ids, 1, items, t), k_moe.down(pair.b, t, s.ids, s.wts, k, n, x)]
