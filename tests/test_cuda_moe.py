@@ -355,7 +355,6 @@ def test_down(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> None
     assert np.isnan(got[n * dim :]).all(), f"{context}: written past the outputs"
 
 
-
 # -- the 16-bit forms (kernels/quant_i16.cuh) ---------------------------------------------------------------------
 
 I16_TYPES = sorted(k_moe.I16_TYPES)
@@ -459,8 +458,10 @@ def test_down16(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> No
     needs_blocks(ggml_type, ff)
     rng = np.random.default_rng(seed)
     d = Stack(rng, ggml_type, n_experts, dim, ff)
-    h, ids = _xf(rng, n * k, ff) * np.exp(rng.normal(size=(n * k, ff)).astype(np.float32)), routed_ids(
-        rng, n, n_experts, k)
+    h, ids = (
+        _xf(rng, n * k, ff) * np.exp(rng.normal(size=(n * k, ff)).astype(np.float32)),
+        routed_ids(rng, n, n_experts, k),
+    )
     h[0, 8:16] = 0.0  # an all-zero group
     wts = rng.random((n, k)).astype(np.float32)
     x0, ys, sg = _xf(rng, n, dim), _xf(rng, n, dim), rng.random(n).astype(np.float32)
@@ -501,6 +502,7 @@ def test_i16_forms_keep_nan_and_refuse_what_they_cannot_take(seed: int) -> None:
         k_moe.gate_up(f.dev, f.dev, DeviceArray.from_host(x), d_ids, 2, 2, y)
     with pytest.raises(CudaError, match="multiple of 8"):
         k_moe.Groups16.empty(2, 60)
+
     def stack(t: GGMLType, rows: int, cols: int) -> DeviceWeight:
         return DeviceWeight(0x1000, t, rows, cols, row_bytes(t, cols), t.name)
 
@@ -509,6 +511,7 @@ def test_i16_forms_keep_nan_and_refuse_what_they_cannot_take(seed: int) -> None:
     assert not k_moe.takes_i16(gate, gate, stack(GGMLType.Q5_1, 256, 64))
     narrow = stack(GGMLType.Q4_K, 36, 256)  # 36 rows: the last gate_up block would hold half a group
     assert not k_moe.takes_i16(narrow, narrow, stack(GGMLType.Q8_0, 256, 64))
+
 
 # -- prefill: gather, grouped GEMM, combine -----------------------------------------------------------------------
 
