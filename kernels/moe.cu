@@ -83,9 +83,14 @@ Q_FOR_EACH_COMMON_TYPE(MOE_COMMON_KERNELS)
 Q_FOR_EACH_LOWBIT_TYPE(MOE_LOWBIT_KERNELS)
 
 // The 16-bit forms (moe_expert.cuh), as moe_gate_up / moe_down with the experts' SwiGLU outputs as 16-bit groups:
-// yq [n_items, R] int16 and ym [n_items, R / 8] q16::Meta (R % 8 == 0; Wu given). 2 blocks an SM: no type spills.
+// yq [n_items, R] int16 and ym [n_items, R / 8] q16::Meta (R % 8 == 0; Wu given). gate_up: MOE_I16_BLOCKS blocks an
+// SM (2: at most 128 registers; 4, 64, spill nothing either), but Q6_K 1: at 2 it spilled 4 bytes on sm_75/80 and 40
+// on sm_100 (nvcc 13.0).
+#ifndef MOE_I16_BLOCKS
+#define MOE_I16_BLOCKS 2
+#endif
 #define MOE_I16_KERNELS(tag, T)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(moe::MV_THREADS, 2)                                                  \
+    extern "C" __global__ void __launch_bounds__(moe::MV_THREADS, T == q::Q6_K ? 1 : MOE_I16_BLOCKS)                  \
         moe_gate_up16_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R, \
                             int K, const float* x, const int* ids, int k, int16_t* yq, q16::Meta* ym, int n_items,    \
                             const uint8_t* Sg, const uint8_t* Su, int parts, float* hs) {                             \
