@@ -142,18 +142,15 @@ Q_FOR_EACH_COMMON_TYPE(MATVEC_KERNELS)
 Q_FOR_EACH_LOWBIT_TYPE(MATVEC_KERNELS_1_8)
 
 // matvec_stream (matvec_stream.cuh): one token through a tall matrix; the quantized common types. _{t}: K <= 2048
-// (8 groups of x a lane, ~100 registers, ~70 with x in 16 bits); _{t}_k1024: K <= 1024 (4 groups, 63 registers:
-// twice the warps an SM). The 16-bit types ask for 7 blocks an SM: without it ptxas (nvcc 13.0) gave the Q5_0 (sm_90)
-// and Q4_K (sm_80) kernels 72 registers and a 4-16 byte spill; with it, 69-70 and none.
-#define MVS_BOUNDS(T) __launch_bounds__(mvs::THREADS, q16::HAS<T> ? 7 : 1)
+// (8 groups of x a lane, ~100 registers); _{t}_k1024: K <= 1024 (4 groups, 63 registers: twice the warps an SM).
 #define MATVEC_STREAM(tag, T)                                                                                       \
-    extern "C" __global__ void MVS_BOUNDS(T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
         matvec_stream_##tag(const uint8_t* W, long long row_bytes, int R, int K, const float* x,                     \
                             const float* norm_w, float eps, const float* resid, float* y) {                         \
         pdl::launch_dependents();                                                                                   \
         mvs::matvec_stream<T>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                                        \
     }                                                                                                               \
-    extern "C" __global__ void MVS_BOUNDS(T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
         matvec_stream_##tag##_k1024(const uint8_t* W, long long row_bytes, int R, int K, const float* x,             \
                                     const float* norm_w, float eps, const float* resid, float* y) {                 \
         pdl::launch_dependents();                                                                                   \

@@ -9,14 +9,11 @@
 // Measured on the H200 (scripts/stream_bench.py): the time does not follow the bytes (Q8_0, Q4_K and Q6_K rows of
 // 2048 took 136-137 us for 151936 rows) but the registers: with 4 groups a lane instead of 8 (63 registers, not ~100)
 // 1024-wide rows went 92 -> 79 us. Neither more rows a warp, a deeper ring, nor 2 or 8 warps a block helped.
-// For quant_i16.cuh's types x (times norm_w) is held rounded to 16 bits instead (6 registers a group, not 9) and the
-// rows are dotted in integers.
 #pragma once
 #include "common.cuh"
 #include "pdl.cuh"
 #include "quant.cuh"
 #include "quant_dot.cuh"
-#include "quant_i16.cuh"
 #include "stage.cuh"
 
 namespace mvs {
@@ -47,9 +44,7 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
     }
     pdl::wait();  // the weight rows are on their way; x is the kernel before's output (pdl.cuh)
 
-    constexpr bool I16 = q16::HAS<T>;
     float xv[MAXG][1][8], xs[MAXG][1], ss = 0.f;  // groups lane + 32 j of x (times norm_w); 0 past K
-    q16::Group xq[MAXG];                           // I16: the same, rounded (xv and xs then die here)
 #pragma unroll
     for (int j = 0; j < MAXG; ++j) {
         const int g = lane + 32 * j;
@@ -65,8 +60,7 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
 #pragma unroll
             for (int k = 0; k < 8; ++k) xv[j][0][k] = 0.f;
         }
-        if constexpr (I16) xq[j] = q16::quantize8(xv[j][0]);
-        else q::xsums<T, 1>(xv[j], xs[j]);
+        q::xsums<T, 1>(xv[j], xs[j]);
     }
     const float s = norm_w ? rsqrtf(cm::warp_sum(ss) / float(K) + eps) : 1.f;
 
@@ -79,13 +73,8 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
         const uint8_t* rp = stage::landed(buf[i % STAGES], W + (long long)(r0 + i) * row_bytes);
         float acc = 0.f;
 #pragma unroll
-        for (int j = 0; j < MAXG; ++j) {
-            if constexpr (I16) {
-                if (lane + 32 * j < G) acc = fmaf(xq[j].s, q16::dot8<T>(rp, lane + 32 * j, xq[j]), acc);
-            } else if (lane + 32 * j < G) {
-                q::dot8_acc<T, 1>(rp, lane + 32 * j, xv[j], xs[j], &acc);
-            }
-        }
+        for (int j = 0; j < MAXG; ++j)
+            if (lane + 32 * j < G) q::dot8_acc<T, 1>(rp, lane + 32 * j, xv[j], xs[j], &acc);
         acc = cm::warp_sum(acc);
         if (lane == 0) {
             const int r = r0 + i;
