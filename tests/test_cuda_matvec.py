@@ -17,7 +17,6 @@ from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.errors import CudaError
 from engine.quants import KERNEL_TAGS, GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
-from tests.i16 import rounded
 
 pytestmark = pytest.mark.gpu
 
@@ -25,7 +24,6 @@ TYPES = sorted(KERNEL_TAGS)  # the types the kernels compute
 # (R, K): R never a multiple of 8 except 1024 rows; K from one block to a Qwen-size ffn_down (11008 = 43 * 256).
 SHAPES = [(1, 32), (13, 256), (67, 4352), (37, 11008), (1003, 1024)]
 RTOL = 1e-5  # of sum |w * x| over the row: float32 accumulation of up to ~11k products
-I16_TYPES = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0)  # matvec_stream's 16-bit x (quant_i16.cuh)
 POISON = 0xFFFFFFFF
 
 
@@ -48,17 +46,6 @@ def run(launch: driver.Launch) -> None:
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """(n, K) f64 -> (n, K) f64."""
     return x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps) * w
-
-
-def seen(x: np.ndarray, norm_w: np.ndarray | None, eps: float, i16: bool) -> np.ndarray:
-    """(n, K) f64: the activations a matvec dots the rows with, x or RMSNorm(x) * norm_w; i16: the 16-bit forms'
-    (kernels/quant_i16.cuh: matvec_stream of its types), x * norm_w rounded a group of 8, then the rsqrt scale."""
-    x64 = x.astype(np.float64)
-    if not i16:
-        return rmsnorm(x64, norm_w, eps) if norm_w is not None else x64
-    if norm_w is None:
-        return rounded(x)
-    return rounded(x * norm_w) / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + eps)
 
 
 def assert_close(got: np.ndarray, ref: np.ndarray, tol: np.ndarray, context: str) -> None:
@@ -96,7 +83,7 @@ def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) 
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
     big_n = k_matvec._bucket(n, ggml_type)
     for norm in (False, True):
-        xn = seen(x, norm_w if norm else None, eps, False)
+        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
         ref = xn @ w.dense.T  # (n, rows)
         tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
         context = f"{ggml_type.name} {rows}x{cols} n={n} norm={norm} seed={seed}"
@@ -121,8 +108,7 @@ STREAM_SHAPES = [(5, 256), (77, 1024), (1003, 2048), (130, 32), (50, 1536)]
 @pytest.mark.parametrize("ggml_type", sorted(k_matvec.STREAM_TYPES), ids=lambda t: t.name)
 def test_matvec_stream(ggml_type: GGMLType, shape: tuple[int, int], seed: int) -> None:
     """The streamed one-token matvec (the LM head's): forced on small matrices, with and without the fused RMSNorm
-    and the in-place residual; the slack past R stays poisoned. For quant_i16.cuh's types the kernel dots the rows
-    with x (times norm_w) rounded to 16 bits a group of 8, and so does the reference."""
+    and the in-place residual; the slack past R stays poisoned."""
     rows, cols = shape
     needs_blocks(ggml_type, cols)
     rng = np.random.default_rng(seed)
@@ -132,7 +118,7 @@ def test_matvec_stream(ggml_type: GGMLType, shape: tuple[int, int], seed: int) -
     eps = 1e-6
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
     for norm in (False, True):
-        xn = seen(x, norm_w if norm else None, eps, ggml_type in I16_TYPES)
+        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
         ref = xn @ w.dense.T
         tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
         context = f"{ggml_type.name} {rows}x{cols} norm={norm} seed={seed}"
@@ -174,7 +160,7 @@ def test_matvec_swiglu(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed
     eps = 1e-5
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
     for norm in (False, True):
-        xn = seen(x, norm_w if norm else None, eps, False)
+        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
         g, u = xn @ wg.dense.T, xn @ wu.dense.T  # (n, rows)
         silu = g / (1 + np.exp(-g))
         ref = silu * u
@@ -202,7 +188,7 @@ def test_matvec3(ggml_type: GGMLType, cols: int, rows: tuple[int, ...], seed: in
     ws = [Weight(rng, ggml_type, r, cols) for r in rows]
     x, norm_w = inputs(rng, 1, cols)
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
-    xn = seen(x, norm_w, 1e-6, False)
+    xn = rmsnorm(x.astype(np.float64), norm_w, 1e-6)
     ys = [poisoned((r + 5,)) for r in rows]
     run(k_matvec.matvec3([w.dev for w in ws], d_x, ys, norm_w=d_norm, eps=1e-6))
     for m, (w, y) in enumerate(zip(ws, ys, strict=True)):
@@ -318,13 +304,8 @@ def test_wrappers_reject_bad_buffers() -> None:
 def test_every_one_token_matvec_streamed_matches_the_cpu_backend(name: str, monkeypatch) -> None:
     """With dispatch.STREAM_MIN_ROWS at 1, every one-token matvec of a stream type and K <= 2048 (the projections as
     well as the LM head, whose fixtures are too small for the real rule) takes matvec_stream: a model's decode steps
-    still match the CPU backend as closely as the block matvec's do (1e-4 of the largest logit). Where the stream
-    kernel rounds x to 16 bits (quant_i16.cuh's types: every fixture here), that rounding (up to 1.5e-5 of a group's
-    largest value) compounds through every projection of every layer and step: 1e-3 of the largest logit (5.9e-4
-    measured on qwen35-tiny-q8_0, whose DeltaNet state carries it from step to step). In a real model only the LM head
-    streams."""
+    still match the CPU backend as closely as the block matvec's do (1e-4 of the largest logit)."""
     from engine.engine import Engine
-    from engine.gguf import read
     from tests import conformance
 
     monkeypatch.setattr(dispatch, "STREAM_MIN_ROWS", 1)
@@ -338,6 +319,5 @@ def test_every_one_token_matvec_streamed_matches_the_cpu_backend(name: str, monk
     ids = [998, 12, 400, 77, 531, 9, 250, 868, 33, 101]
     want, got = cpu.logits(ids, prefill=1), cuda.logits(ids, prefill=1)
     scale = max(1.0, float(np.abs(want).max()))
-    i16 = any(t.ggml_type in I16_TYPES for t in read(path).tensors.values())
-    assert float(np.abs(got - want).max()) <= (1e-3 if i16 else 1e-4) * scale, name
+    assert float(np.abs(got - want).max()) <= 1e-4 * scale, name
     assert any(chosen), f"{name}: no matvec took matvec_stream"
