@@ -591,6 +591,7 @@ FFNS = {
     "deepseek-v2-q4_k": (dict(), 64, 6, (Q.Q4_K, Q.Q4_K, Q.Q5_0), 2 * 256, False, (Q.Q4_K, Q.Q4_K, Q.Q4_K)),
 }
 DIM, FF, MAX_BATCH = 256, 256, 300
+I16_FFNS = ("qwen3-30b-q4_k", "deepseek-q8_0", "deepseek-v2-q4_k")  # the layers k_moe.takes_i16 takes
 
 
 def _config(moe: MoE) -> ModelConfig:
@@ -669,6 +670,18 @@ def _scratch_arrays(ffn: MoEFFN) -> list[DeviceArray]:
 @pytest.mark.parametrize("n", [1, 3, 8, 9, 37, 300])
 @pytest.mark.parametrize("name", FFNS, ids=str)
 def test_moe_ffn(name: str, n: int, seed: int) -> None:
+    check_ffn(name, n, seed, i16_allowed=True)
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("name", I16_FFNS, ids=str)
+def test_moe_ffn_float_forms_when_asked(name: str, n: int, seed: int, monkeypatch) -> None:
+    """REFLEX_MOE_I16=0: the float expert kernels, held to the float tolerance."""
+    monkeypatch.setenv("REFLEX_MOE_I16", "0")
+    check_ffn(name, n, seed, i16_allowed=False)
+
+
+def check_ffn(name: str, n: int, seed: int, i16_allowed: bool) -> None:
     rng = np.random.default_rng(seed)
     layer = Layer(rng, name)
     ffn = MoEFFN(_config(layer.moe), layer.dev, MAX_BATCH)
@@ -689,7 +702,7 @@ def test_moe_ffn(name: str, n: int, seed: int) -> None:
     got, logits = x.to_host(), ffn.s.logits.to_host()[:n]
     i16 = ffn.i16 and n <= 8  # the 16-bit expert forms (k_moe.takes_i16): the reference rounds as they do
     assert any(nm.startswith("moe_gate_up16") for nm in names) == i16, names
-    assert ffn.i16 == (name in ("qwen3-30b-q4_k", "deepseek-q8_0", "deepseek-v2-q4_k")), name
+    assert ffn.i16 == (i16_allowed and name in I16_FFNS), name
     want, h = layer.reference(x0[:n], norm_w, logits, i16, i16 and ffn._fused_shared())
     context = f"{name} n={n} seed={seed}"
     np.testing.assert_allclose(logits, h @ layer.ref["ffn_gate_inp"].T, rtol=1e-4, atol=1e-5, err_msg=context)
