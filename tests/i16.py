@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-HALF_STEP = 0.504  # |x - s q| <= HALF_STEP * s (test_round16_bounds)
+HALF_STEP = 0.504  # |x - s q| <= HALF_STEP * s (tests/test_i16.py)
 
 
 def round16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ from engine.models import moe as M
 from engine.models.moe_cuda import MoEFFN
 from engine.quants import KERNEL_TAGS, GGMLType, row_bytes
 from tests.cuda_util import cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
-from tests.i16 import HALF_STEP, round16, rounded
+from tests.i16 import rounded
 from tests.quant_data import random_weights
 
 pytestmark = pytest.mark.gpu
@@ -252,11 +252,11 @@ SMALL = [(1, 8, 128), (3, 2, 8), (8, 8, 8), (1, 1, 8)]
 DECODE_SHAPES = [(256, 256), (96, 64)]
 
 
-def _xf(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
+def activations(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
     return rng.normal(size=(n, cols)).astype(np.float32)
 
 
-def _swiglu_ref(gw: np.ndarray, uw: np.ndarray, xt: np.ndarray, fused: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def swiglu_ref(gw: np.ndarray, uw: np.ndarray, xt: np.ndarray, fused: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """silu(gw[p] . xt[p]) * (uw[p] . xt[p]) (fused) or gw[p] . xt[p], per row p (gw, uw: (p, rows, dim) f64), and
     its tolerance: RTOL of the sums of |products|, carried through the SwiGLU."""
     a, b = np.einsum("prc,pc->pr", gw, xt), np.einsum("prc,pc->pr", uw, xt)
@@ -276,13 +276,13 @@ def test_gate_up(ggml_type: GGMLType, shape, small, fused: bool, seed: int) -> N
     needs_blocks(ggml_type, dim)
     rng = np.random.default_rng(seed)
     g, u = Stack(rng, ggml_type, n_experts, ff, dim), Stack(rng, ggml_type, n_experts, ff, dim)
-    x, ids = _xf(rng, n, dim), routed_ids(rng, n, n_experts, k)
+    x, ids = activations(rng, n, dim), routed_ids(rng, n, n_experts, k)
     y = poisoned((n * k * ff + 7,))
     d_x, d_ids = DeviceArray.from_host(x), DeviceArray.from_host(ids)
     run(k_moe.gate_up(g.dev, u.dev if fused else None, d_x, d_ids, k, n * k, y))
     xt = np.repeat(x.astype(np.float64), k, axis=0)  # (n*k, dim): item p reads token p // k
     e = ids.reshape(-1)
-    ref, tol = _swiglu_ref(g.dense[e], u.dense[e], xt, fused)
+    ref, tol = swiglu_ref(g.dense[e], u.dense[e], xt, fused)
     got = y.to_host()
     context = f"{ggml_type.name} dim={dim} F={ff} n={n} k={k} E={n_experts} seed={seed}"
     assert not np.isnan(got[: n * k * ff]).any(), f"{context}: unwritten outputs"
@@ -302,7 +302,7 @@ def test_gate_up_runs_the_shared_expert_alongside(ggml_type: GGMLType, n: int, p
     rng = np.random.default_rng(seed)
     g, u = Stack(rng, ggml_type, n_experts, ff, dim), Stack(rng, ggml_type, n_experts, ff, dim)
     sg, su = Stack(rng, ggml_type, 1, parts * ff, dim), Stack(rng, ggml_type, 1, parts * ff, dim)
-    x, ids = _xf(rng, n, dim), routed_ids(rng, n, n_experts, k)
+    x, ids = activations(rng, n, dim), routed_ids(rng, n, n_experts, k)
     y, hs = poisoned((n * k * ff + 7,)), poisoned((n * parts * ff + 5,))
     d_x, d_ids = DeviceArray.from_host(x), DeviceArray.from_host(ids)
     run(k_moe.gate_up(g.dev, u.dev, d_x, d_ids, k, n * k, y, shared=(sg.dev, su.dev), hs=hs))
@@ -310,8 +310,8 @@ def test_gate_up_runs_the_shared_expert_alongside(ggml_type: GGMLType, n: int, p
     xt = np.repeat(x.astype(np.float64), k, axis=0)
     e = ids.reshape(-1)
     for got, (ref, tol), size in (
-        (y.to_host(), _swiglu_ref(g.dense[e], u.dense[e], xt), n * k * ff),
-        (hs.to_host(), _swiglu_ref(np.repeat(sg.dense, n, 0), np.repeat(su.dense, n, 0), x.astype(np.float64)),
+        (y.to_host(), swiglu_ref(g.dense[e], u.dense[e], xt), n * k * ff),
+        (hs.to_host(), swiglu_ref(np.repeat(sg.dense, n, 0), np.repeat(su.dense, n, 0), x.astype(np.float64)),
          n * parts * ff),
     ):  # fmt: skip
         err = np.abs(got[:size].reshape(ref.shape) - ref)
@@ -334,9 +334,9 @@ def test_down(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> None
     needs_blocks(ggml_type, ff)
     rng = np.random.default_rng(seed)
     d = Stack(rng, ggml_type, n_experts, dim, ff)
-    h, ids = _xf(rng, n * k, ff), routed_ids(rng, n, n_experts, k)
+    h, ids = activations(rng, n * k, ff), routed_ids(rng, n, n_experts, k)
     wts = rng.random((n, k)).astype(np.float32)
-    x0, ys, sg = _xf(rng, n, dim), _xf(rng, n, dim), rng.random(n).astype(np.float32)
+    x0, ys, sg = activations(rng, n, dim), activations(rng, n, dim), rng.random(n).astype(np.float32)
     x = DeviceArray.from_host(np.concatenate([x0.reshape(-1), np.full(5, np.nan, np.float32)]))
     d_h, d_ids, d_w, d_ys, d_sg = (DeviceArray.from_host(a) for a in (h, ids, wts, ys, sg))
     run(k_moe.down(d.dev, d_h, d_ids, d_w, k, n, x, shared=None if shared == "none" else d_ys,
@@ -354,143 +354,6 @@ def test_down(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> None
     err = np.abs(got[: n * dim].reshape(n, dim) - ref)
     assert (err <= tol).all(), f"{context}: worst {np.nanmax(err):.3g}, NaN: {np.isnan(err).sum()}"
     assert np.isnan(got[n * dim :]).all(), f"{context}: written past the outputs"
-
-
-# -- the 16-bit forms (kernels/quant_i16.cuh) ---------------------------------------------------------------------
-
-I16_TYPES = sorted(k_moe.I16_TYPES)
-
-
-def groups16(q: np.ndarray, s: np.ndarray, qsum: np.ndarray) -> k_moe.Groups16:
-    rows, width = q.shape
-    meta = np.stack([s.view(np.int32), qsum.astype(np.int32)], axis=-1).reshape(rows, width // 8, 2)
-    return k_moe.Groups16(DeviceArray.from_host(np.ascontiguousarray(q)), DeviceArray.from_host(meta))
-
-
-def test_round16_bounds() -> None:
-    """The rounding's own contract: |x - s q| <= 0.504 s (s / 2, plus q times the float32 rounding of s and 1 / s),
-    |q| <= 32767; zeros stay zero."""
-    rng = np.random.default_rng(0)
-    x = (rng.normal(size=(64, 256)) * np.exp(rng.normal(size=(64, 1)) * 4)).astype(np.float32)
-    x[3, :8] = 0.0
-    q, s, qsum = round16(x)
-    err = np.abs(x.astype(np.float64) - rounded(x)).reshape(64, 32, 8)
-    assert (err <= s[..., None] * HALF_STEP).all() and np.abs(q.astype(np.int32)).max() <= 32767
-    assert (q[3, :8] == 0).all() and qsum[3, 0] == 0
-
-
-@pytest.mark.parametrize("shared", [0, 2], ids=["alone", "shared"])
-@pytest.mark.parametrize("small", SMALL, ids=lambda s: "n{}_k{}_E{}".format(*s))
-@pytest.mark.parametrize("shape", [(256, 256), (512, 96), (2048, 64)], ids=lambda s: "dim{}_F{}".format(*s))
-@pytest.mark.parametrize("ggml_type", I16_TYPES, ids=lambda t: t.name)
-def test_gate_up16(ggml_type: GGMLType, shape, small, shared: int, seed: int) -> None:
-    """moe_gate_up16: the SwiGLU of x rounded to 16 bits, its outputs rounded again into 16-bit groups: each output
-    q * s within the float tolerance of the rounded-x reference plus its own rounding (s / 2), each group's step its
-    largest |output| / 32767 and its sum exact; the shared expert's SwiGLU (float) beside it; slack poisoned."""
-    dim, ff = shape
-    n, k, n_experts = small
-    needs_blocks(ggml_type, dim)
-    rng = np.random.default_rng(seed)
-    g, u = Stack(rng, ggml_type, n_experts, ff, dim), Stack(rng, ggml_type, n_experts, ff, dim)
-    x, ids = _xf(rng, n, dim) * np.exp(rng.normal(size=(n, dim)).astype(np.float32)), routed_ids(rng, n, n_experts, k)
-    items = n * k
-    y = k_moe.Groups16(poisoned((items * ff + 8,), "i2"), poisoned((items * ff // 4 + 2,), "i4"))
-    kw = {}
-    if shared:
-        sg, su = Stack(rng, ggml_type, 1, shared * ff, dim), Stack(rng, ggml_type, 1, shared * ff, dim)
-        hs = poisoned((n * shared * ff + 5,))
-        kw = {"shared": (sg.dev, su.dev), "hs": hs}
-    d_x, d_ids = DeviceArray.from_host(x), DeviceArray.from_host(ids)
-    run(k_moe.gate_up(g.dev, u.dev, d_x, d_ids, k, items, y, **kw))
-    context = f"{ggml_type.name} dim={dim} F={ff} n={n} k={k} E={n_experts} shared={shared} seed={seed}"
-    xr = rounded(x)
-    e = ids.reshape(-1)
-    ref, tol = _swiglu_ref(g.dense[e], u.dense[e], np.repeat(xr, k, axis=0))
-    q = y.q.to_host()
-    meta = y.meta.to_host()
-    assert (q[items * ff :].view(np.uint16) == 0xFFFF).all() and untouched(meta[items * ff // 4 :]), context
-    q = q[: items * ff].reshape(items, ff // 8, 8).astype(np.int64)
-    meta = meta[: items * ff // 4].reshape(items, ff // 8, 2)
-    s, qsum = meta[..., 0].view(np.float32).astype(np.float64), meta[..., 1]
-    np.testing.assert_array_equal(qsum, q.sum(-1), err_msg=f"{context}: group sums")
-    got = (q * s[..., None]).reshape(items, ff)
-    err = np.abs(got - ref)
-    bound = tol + np.repeat(s, 8, axis=-1) * HALF_STEP + 1e-30
-    assert (err <= bound).all(), f"{context}: worst {(err / bound).max():.3g} of the bound"
-    peak, slack = (a.reshape(items, ff // 8, 8).max(-1) for a in (np.abs(ref), tol))
-    assert (np.abs(s * 32767 - peak) <= slack + 1e-4 * peak + 1e-30).all(), f"{context}: group steps"
-    if shared:
-        want, t = _swiglu_ref(np.repeat(sg.dense, n, 0), np.repeat(su.dense, n, 0), xr)
-        got_hs = hs.to_host()
-        assert (np.abs(got_hs[: n * shared * ff].reshape(want.shape) - want) <= t + 1e-30).all(), context
-        assert untouched(got_hs[n * shared * ff :]), context
-
-
-@pytest.mark.parametrize("shared", ["none", "gated"])
-@pytest.mark.parametrize("small", SMALL, ids=lambda s: "n{}_k{}_E{}".format(*s))
-@pytest.mark.parametrize("shape", [(256, 256), (96, 768), (64, 1408)], ids=lambda s: "dim{}_F{}".format(*s))
-@pytest.mark.parametrize("ggml_type", I16_TYPES, ids=lambda t: t.name)
-def test_down16(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> None:
-    """moe_down16 on 16-bit groups made here: the weighted sum of the rows dotted with q * s exactly, the float
-    tolerance of moe_down, plus the shared expert; nothing past the outputs written."""
-    dim, ff = shape
-    n, k, n_experts = small
-    needs_blocks(ggml_type, ff)
-    rng = np.random.default_rng(seed)
-    d = Stack(rng, ggml_type, n_experts, dim, ff)
-    h, ids = (
-        _xf(rng, n * k, ff) * np.exp(rng.normal(size=(n * k, ff)).astype(np.float32)),
-        routed_ids(rng, n, n_experts, k),
-    )
-    h[0, 8:16] = 0.0  # an all-zero group
-    wts = rng.random((n, k)).astype(np.float32)
-    x0, ys, sg = _xf(rng, n, dim), _xf(rng, n, dim), rng.random(n).astype(np.float32)
-    x = DeviceArray.from_host(np.concatenate([x0.reshape(-1), np.full(5, np.nan, np.float32)]))
-    d_ids, d_w, d_ys, d_sg = (DeviceArray.from_host(a) for a in (ids, wts, ys, sg))
-    hq = groups16(*round16(h))
-    gated = shared == "gated"
-    run(k_moe.down(d.dev, hq, d_ids, d_w, k, n, x, shared=d_ys if gated else None, sgate=d_sg if gated else None))
-    hr = rounded(h)
-    e = ids.reshape(-1)
-    per = np.einsum("prc,pc->pr", d.dense[e], hr).reshape(n, k, dim)
-    per_abs = RTOL * np.einsum("prc,pc->pr", np.abs(d.dense[e]), np.abs(hr)).reshape(n, k, dim)
-    ref = x0 + np.einsum("tk,tkr->tr", wts, per) + (sg[:, None] * ys if gated else 0.0)
-    tol = np.einsum("tk,tkr->tr", wts, per_abs) + 1e-6 * np.abs(ref) + (1e-6 * np.abs(ys) if gated else 0.0)
-    got = x.to_host()
-    context = f"{ggml_type.name} dim={dim} F={ff} n={n} k={k} E={n_experts} shared={shared} seed={seed}"
-    err = np.abs(got[: n * dim].reshape(n, dim) - ref)
-    assert (err <= tol).all(), f"{context}: worst {np.nanmax(err / tol):.3g} of the bound, NaN: {np.isnan(err).sum()}"
-    assert np.isnan(got[n * dim :]).all(), f"{context}: written past the outputs"
-
-
-def test_i16_forms_keep_nan_and_refuse_what_they_cannot_take(seed: int) -> None:
-    """A NaN activation gives NaN outputs (not a finite guess); the wrappers refuse unfused pairs, other types and
-    widths that are not whole groups."""
-    rng = np.random.default_rng(seed)
-    g, u = Stack(rng, GGMLType.Q4_K, 2, 64, 256), Stack(rng, GGMLType.Q4_K, 2, 64, 256)
-    x = _xf(rng, 1, 256)
-    x[0, 17] = np.nan
-    y = k_moe.Groups16.empty(2, 64)
-    run(k_moe.gate_up(g.dev, u.dev, DeviceArray.from_host(x), DeviceArray.from_host(np.array([[0, 1]], np.int32)),
-                      2, 2, y))  # fmt: skip
-    assert np.isnan(y.meta.to_host()[..., 0].view(np.float32)).all()
-    d_ids = DeviceArray.from_host(np.array([[0, 1]], np.int32))
-    with pytest.raises(CudaError, match="16-bit"):
-        k_moe.gate_up(g.dev, None, DeviceArray.from_host(x), d_ids, 2, 2, y)
-    f = Stack(rng, GGMLType.Q5_K, 2, 64, 256)
-    with pytest.raises(CudaError, match="16-bit"):
-        k_moe.gate_up(f.dev, f.dev, DeviceArray.from_host(x), d_ids, 2, 2, y)
-    with pytest.raises(CudaError, match="multiple of 8"):
-        k_moe.Groups16.empty(2, 60)
-
-    def stack(t: GGMLType, rows: int, cols: int) -> DeviceWeight:
-        return DeviceWeight(0x1000, t, rows, cols, row_bytes(t, cols), t.name)
-
-    down, gate = stack(GGMLType.Q5_0, 256, 64), stack(GGMLType.Q4_K, 64, 256)
-    assert k_moe.takes_i16(gate, gate, down) and not k_moe.takes_i16(gate, None, down)
-    assert not k_moe.takes_i16(gate, gate, stack(GGMLType.Q5_1, 256, 64))
-    narrow = stack(GGMLType.Q4_K, 36, 256)  # 36 rows: the last gate_up block would hold half a group
-    assert not k_moe.takes_i16(narrow, narrow, stack(GGMLType.Q8_0, 256, 64))
 
 
 # -- prefill: gather, grouped GEMM, combine -----------------------------------------------------------------------
@@ -524,7 +387,7 @@ def test_grouped_gemm(ggml_type: GGMLType, n: int, k: int, n_experts: int, swigl
     run(k_moe.group(DeviceArray.from_host(ids), items, k, n_experts, offsets, perm, inv, tiles))
     order = perm.to_host()
     sorted_e = np.sort(ids.reshape(-1), kind="stable")  # the expert of each sorted row
-    a = _xf(rng, items, cols)  # rows already in sorted order, as moe_gather leaves them
+    a = activations(rng, items, cols)  # rows already in sorted order, as moe_gather leaves them
     wg, wu = Stack(rng, ggml_type, n_experts, rows, cols), Stack(rng, ggml_type, n_experts, rows, cols)
     c = poisoned((items * rows + 64,))
     d_a = DeviceArray.from_host(a)
@@ -551,15 +414,15 @@ def test_gather_and_combine(n: int, k: int, shared: str, seed: int) -> None:
     dim, n_experts = 96, 8
     ids, items = routed_ids(rng, n, n_experts, k), n * k
     _, perm, inv, _ = expected_groups(ids, n_experts)
-    xn, y = _xf(rng, n, dim), _xf(rng, items, dim)
+    xn, y = activations(rng, n, dim), activations(rng, items, dim)
     xp = poisoned((items * dim + 4,))
     d_perm = DeviceArray.from_host(perm.astype(np.int32))
     run(k_moe.gather(DeviceArray.from_host(xn), dim, d_perm, items, xp))
     got = xp.to_host()
     assert np.array_equal(got[: items * dim].reshape(items, dim), xn[perm]) and untouched(got[items * dim :])
 
-    wts, x0 = rng.random((n, k)).astype(np.float32), _xf(rng, n, dim)
-    ys, sg = _xf(rng, n, dim), rng.random(n).astype(np.float32)
+    wts, x0 = rng.random((n, k)).astype(np.float32), activations(rng, n, dim)
+    ys, sg = activations(rng, n, dim), rng.random(n).astype(np.float32)
     x, d_ys, d_sg = DeviceArray.from_host(x0), DeviceArray.from_host(ys), DeviceArray.from_host(sg)
     d_y, d_inv, d_w = DeviceArray.from_host(y), DeviceArray.from_host(inv.astype(np.int32)), DeviceArray.from_host(wts)
     run(k_moe.combine(d_y, d_inv, d_w, n, k, dim, x, shared=None if shared == "none" else d_ys,
@@ -687,7 +550,7 @@ def check_ffn(name: str, n: int, seed: int, i16_allowed: bool) -> None:
     ffn = MoEFFN(_config(layer.moe), layer.dev, MAX_BATCH)
     for a in _scratch_arrays(ffn):
         a.fill_byte(0xFF)  # every buffer a kernel reads must have been written first in this pass
-    x0 = _xf(rng, MAX_BATCH, DIM)
+    x0 = activations(rng, MAX_BATCH, DIM)
     norm_w = (1.0 + 0.2 * rng.normal(size=DIM)).astype(np.float32)
     x, d_norm = DeviceArray.from_host(x0), DeviceArray.from_host(norm_w)
     launches = ffn.launches(x, n, d_norm)
@@ -723,7 +586,7 @@ def test_moe_ffn_graph_replay_equals_direct_launches(n: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     layer = Layer(rng, "qwen35moe-mixed")
     ffn = MoEFFN(_config(layer.moe), layer.dev, MAX_BATCH)
-    x0 = _xf(rng, MAX_BATCH, DIM)
+    x0 = activations(rng, MAX_BATCH, DIM)
     x, d_norm = DeviceArray.from_host(x0), DeviceArray.from_host(np.ones(DIM, np.float32))
     launches, stream = ffn.launches(x, n, d_norm), memory.stream_create()
     for launch in launches:
