@@ -51,8 +51,9 @@ def groups16(q: np.ndarray, s: np.ndarray, qsum: np.ndarray) -> k_moe.Groups16:
 @pytest.mark.parametrize("ggml_type", I16_TYPES, ids=lambda t: t.name)
 def test_gate_up16(ggml_type: GGMLType, shape, small, shared: int, seed: int) -> None:
     """moe_gate_up16: the SwiGLU of x rounded to 16 bits, its outputs rounded again into 16-bit groups: each output
-    q * s within the float tolerance of the rounded-x reference plus its own rounding (HALF_STEP s), each group's step its
-    largest |output| / 32767 and its sum exact; the shared expert's SwiGLU (float) beside it; slack poisoned."""
+    q * s within the float tolerance of the rounded-x reference plus its own rounding (HALF_STEP s), each group's
+    step its largest |output| / 32767 and its sum exact; the shared expert's SwiGLU (float) beside it; slack
+    poisoned."""
     dim, ff = shape
     n, k, n_experts = small
     needs_blocks(ggml_type, dim)
