@@ -154,11 +154,9 @@ class MoEFFN:
         self.s = _Scratch.of(cfg, max_batch)
         self.s.second_buffers(self.split_experts, self.split_shared)
         self.lora = NO_LORA  # use_lora replaces it before the first launch list is built
-        self.i16 = (
-            os.environ.get("REFLEX_MOE_I16", "1") != "0"
-            and self.s.h16 is not None
-            and k_moe.takes_i16(self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
-        )  # n <= 8: the 16-bit expert forms
+        self.i16 = os.environ.get("REFLEX_MOE_I16", "1") != "0" and k_moe.takes_i16(
+            self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
+        )  # n <= 8: the 16-bit expert forms (takes_i16 implies F % 8 == 0, so s.h16 exists)
 
     def use_lora(self, lora: DeviceLora) -> None:
         """Apply the model's LoRA updates of this layer's router, experts and shared expert (engine/cuda/lora.attach,
