@@ -16,21 +16,23 @@ namespace {
 // dims, and one transpose_sum leaves lane L holding score (key j*KG + L/GC, head L%GC) of group j in sc[j].
 // Heads beyond GC are done in further passes over the keys (G > 8, or G > 4 with 256-wide heads); padding heads
 // (q = 0) are computed and dropped.
-// A float4 of the K/V cache: through the read-only path, or with SQ through L2 (__ldcg), which sees the new row this
-// block wrote before its barrier (the read-only path need not: it is for data no thread of the kernel writes).
+// A float4 of key / value row `key` from the cache, or with SQ from `fresh` (shared memory) when key is `own`.
 template <bool SQ>
-__device__ __forceinline__ float4 ld_kv(const float* p) {
-    if constexpr (SQ) return __ldcg(reinterpret_cast<const float4*>(p));
-    return ldg4(p);
+__device__ __forceinline__ float4 cached_or(const float* cached, int key, int own, const float* fresh) {
+    if constexpr (SQ)
+        if (key == own) return lds4(fresh);
+    return ldg4(cached);
 }
 
 // Preamble folded in (attn_decode_rope: SQ): q holds the G heads of kv head g, roped, in shared memory ([G][hd]),
-// and the cache row of the new key was written by this same block (before a barrier), so it is read through L2.
+// and key / value `own` (the new token's, when this split covers it; else -1) come from kn / vn in shared memory,
+// not from the cache: this block writes them there itself, and its cached reads need not see its own writes.
 template <int NI, int GC, bool SQ>
 __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const float* __restrict__ kc,
                                              const float* __restrict__ vc, int H, int KVH, int hd, int vd,
                                              float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
-                                             float* __restrict__ part_ml, float* sm) {
+                                             float* __restrict__ part_ml, float* sm, int own, const float* kn,
+                                             const float* vn) {
     constexpr int KG = 32 / GC;
     const int g = blockIdx.x, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = H / KVH;
@@ -74,7 +76,9 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
                     for (int i = 0; i < NI; ++i) {
                         const int d = 128 * i + 4 * lane;
-                        kv[i] = key < nk && d < hd ? ld_kv<SQ>(kg + (long long)(kt + key) * krow + d) : zero4();
+                        kv[i] = key < nk && d < hd ? cached_or<SQ>(kg + (long long)(kt + key) * krow + d, kt + key,
+                                                                    own, kn + d)
+                                                   : zero4();
                     }
 #pragma unroll
                     for (int h = 0; h < GC; ++h) {
@@ -120,7 +124,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
                 for (int i = 0; i < NI; ++i) {
                     const int d = 128 * i + 4 * lane;
-                    vv[i] = d < vd ? ld_kv<SQ>(vg + (long long)(kt + t) * vrow + d) : zero4();
+                    vv[i] = d < vd ? cached_or<SQ>(vg + (long long)(kt + t) * vrow + d, kt + t, own, vn + d) : zero4();
                 }
 #pragma unroll
                 for (int h = 0; h < GC; ++h) {
@@ -216,11 +220,12 @@ __device__ __forceinline__ void decode_split(const float* q, const float* __rest
                                              const float* __restrict__ v_cache, int H, int KVH, int hd, int vd,
                                              float scale, int n_splits, Split sp, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, int* __restrict__ counters,
-                                             float* __restrict__ out, float* sm) {
+                                             float* __restrict__ out, float* sm, int own, const float* kn,
+                                             const float* vn) {
     __shared__ int ticket;
     const int G = H / KVH;
 #define DECODE(NI, GC) decode_heads<NI, GC, SQ>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, sp.k0, sp.k1, \
-                                                part_o, part_ml, sm)
+                                                part_o, part_ml, sm, own, kn, vn)
     // GC = 8 or 4 heads per pass (fewer kv heads' worth of q padded with zero heads): smaller groups would hold
     // more keys' loads in flight per group and push the whole kernel's register count up.
     if (max(hd, vd) <= 128) {
@@ -259,48 +264,54 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, cons
     const Split sp = split_of(*pos + 1, n_splits, min_chunk);
     if (counters && int(blockIdx.y) >= sp.active) return;
     decode_split<false>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, sp, part_o, part_ml, counters, out,
-                        reinterpret_cast<float*>(sm4));
+                        reinterpret_cast<float*>(sm4), -1, nullptr, nullptr);
 }
 
 // attn_decode with norm_rope.cu's qk_rope_kv folded in, for one token at p = *pos from the raw projections q (H*hd),
 // k (KVH*hd), v (KVH*vd): every block QK-norms and rotates the G = H / KVH q heads of its kv head into shared memory
 // (rope.cuh, so the bits are qk_rope_kv's), and the block whose split covers key p does the same for k head g and
-// writes it and v head g into the caches' row p before its keys are read (through L2: ld_kv). q is left raw. One
-// launch instead of two; G * hd <= ROPE_MAX_GQ. Same grid, splits and fold as attn_decode.
+// writes it and v head g into the caches' row p, reading them from shared memory itself. q is left raw. One launch
+// instead of two; G * hd <= ROPE_MAX_GQ. Same grid, splits and fold as attn_decode.
 constexpr int ROPE_MAX_GQ = 2048;
 
 extern "C" __global__ void __launch_bounds__(128, 3)
 attn_decode_rope(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                  const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int rope_dim,
                  float theta, float freq_scale, float ext_factor, float corr_lo, float corr_hi, float mscale,
-                 const float* __restrict__ freq_factors, int rope_neox, float* k_cache, float* v_cache,
-                 const int* __restrict__ pos, int H, int KVH, int hd, int vd, float scale, int n_splits,
-                 int min_chunk, float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
-                 float* __restrict__ out) {
+                 const float* __restrict__ freq_factors, int rope_neox, float* __restrict__ k_cache,
+                 float* __restrict__ v_cache, const int* __restrict__ pos, int H, int KVH, int hd, int vd,
+                 float scale, int n_splits, int min_chunk, float* __restrict__ part_o, float* __restrict__ part_ml,
+                 int* __restrict__ counters, float* __restrict__ out) {
     pdl::begin();
     __shared__ float4 sm4[DECODE_SMEM / 4];
-    __shared__ float4 qs4[ROPE_MAX_GQ / 4];  // the roped q heads of kv head g, [G][hd]
-    __shared__ float cs[128], sn[128];       // cos / sin of pair i (rope_dim / 2 <= 128)
+    __shared__ float4 qs4[ROPE_MAX_GQ / 4], kn4[64], vn4[64];  // roped q heads [G][hd]; the new key and value
+    __shared__ float cs[128], sn[128];                        // cos / sin of pair i (rope_dim / 2 <= 128)
     float *sm = reinterpret_cast<float*>(sm4), *qs = reinterpret_cast<float*>(qs4);
+    float *kn = reinterpret_cast<float*>(kn4), *vn = reinterpret_cast<float*>(vn4);
     const int p = *pos, g = blockIdx.x, G = H / KVH, warp = threadIdx.x >> 5;
     const Split sp = split_of(p + 1, n_splits, min_chunk);
     if (counters && int(blockIdx.y) >= sp.active) return;
+    const bool owner = sp.k0 <= p && p < sp.k1;
 
     rope::table(p, rope_dim, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, freq_factors, cs, sn);
     __syncthreads();
     float* row = sm + 256 * warp;  // the warp's scratch head (decode_heads' buffers are free until it starts)
     for (int h = warp; h < G; h += 4)
         rope::head(q + (long long)(g * G + h) * hd, row, q_norm, eps, hd, rope_dim, rope_neox, cs, sn, qs + h * hd);
-    if (sp.k0 <= p && p < sp.k1) {  // this split holds the new key
-        if (warp == 3)
-            rope::head(k + (long long)g * hd, row, k_norm, eps, hd, rope_dim, rope_neox, cs, sn,
-                       k_cache + ((long long)p * KVH + g) * hd);
-        float* vrow = v_cache + ((long long)p * KVH + g) * vd;
-        for (int j = threadIdx.x; j < vd; j += 128) vrow[j] = v[(long long)g * vd + j];
-        __threadfence_block();
+    if (owner) {
+        if (warp == 3) {
+            rope::head(k + (long long)g * hd, row, k_norm, eps, hd, rope_dim, rope_neox, cs, sn, kn);
+            for (int j = threadIdx.x & 31; j < hd; j += 32) k_cache[((long long)p * KVH + g) * hd + j] = kn[j];
+        }
+        for (int j = threadIdx.x; j < vd; j += 128) {
+            const float x = v[(long long)g * vd + j];
+            vn[j] = x;
+            v_cache[((long long)p * KVH + g) * vd + j] = x;
+        }
     }
     __syncthreads();
-    decode_split<true>(qs, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, sp, part_o, part_ml, counters, out, sm);
+    decode_split<true>(qs, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, sp, part_o, part_ml, counters, out, sm,
+                       owner ? p : -1, kn, vn);
 }
 
 // out[h, :] = sum_s w_s * part_o[h, s, :] / sum_s w_s * l_s, with w_s = exp(m_s - max m), for n_splits <=
