@@ -4,7 +4,6 @@
 #include "pdl.cuh"
 #include "attention_common.cuh"
 #include "attention_prefill.cuh"
-#include "rope.cuh"
 
 namespace {
 
@@ -16,23 +15,11 @@ namespace {
 // dims, and one transpose_sum leaves lane L holding score (key j*KG + L/GC, head L%GC) of group j in sc[j].
 // Heads beyond GC are done in further passes over the keys (G > 8, or G > 4 with 256-wide heads); padding heads
 // (q = 0) are computed and dropped.
-// A float4 of key / value row `key` from the cache, or with SQ from `fresh` (shared memory) when key is `own`.
-template <bool SQ>
-__device__ __forceinline__ float4 cached_or(const float* cached, int key, int own, const float* fresh) {
-    if constexpr (SQ)
-        if (key == own) return lds4(fresh);
-    return ldg4(cached);
-}
-
-// Preamble folded in (attn_decode_rope: SQ): q holds the G heads of kv head g, roped, in shared memory ([G][hd]),
-// and key / value `own` (the new token's, when this split covers it; else -1) come from kn / vn in shared memory,
-// not from the cache: this block writes them there itself, and its cached reads need not see its own writes.
-template <int NI, int GC, bool SQ>
+template <int NI, int GC>
 __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const float* __restrict__ kc,
                                              const float* __restrict__ vc, int H, int KVH, int hd, int vd,
                                              float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
-                                             float* __restrict__ part_ml, float* sm, int own, const float* kn,
-                                             const float* vn) {
+                                             float* __restrict__ part_ml, float* sm) {
     constexpr int KG = 32 / GC;
     const int g = blockIdx.x, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = H / KVH;
@@ -51,8 +38,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
             for (int i = 0; i < NI; ++i) {
                 const int d = 128 * i + 4 * lane;
-                if constexpr (SQ) qr[h][i] = c0 + h < G && d < hd ? lds4(q + (c0 + h) * hd + d) : zero4();
-                else qr[h][i] = c0 + h < G && d < hd ? ldg4(q + (long long)(g * G + c0 + h) * hd + d) : zero4();
+                qr[h][i] = c0 + h < G && d < hd ? ldg4(q + (long long)(g * G + c0 + h) * hd + d) : zero4();
                 scale4(qr[h][i], qscale);
                 acc[h][i] = zero4();
             }
@@ -76,9 +62,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
                     for (int i = 0; i < NI; ++i) {
                         const int d = 128 * i + 4 * lane;
-                        kv[i] = key < nk && d < hd ? cached_or<SQ>(kg + (long long)(kt + key) * krow + d, kt + key,
-                                                                    own, kn + d)
-                                                   : zero4();
+                        kv[i] = key < nk && d < hd ? ldg4(kg + (long long)(kt + key) * krow + d) : zero4();
                     }
 #pragma unroll
                     for (int h = 0; h < GC; ++h) {
@@ -124,7 +108,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
                 for (int i = 0; i < NI; ++i) {
                     const int d = 128 * i + 4 * lane;
-                    vv[i] = d < vd ? cached_or<SQ>(vg + (long long)(kt + t) * vrow + d, kt + t, own, vn + d) : zero4();
+                    vv[i] = d < vd ? ldg4(vg + (long long)(kt + t) * vrow + d) : zero4();
                 }
 #pragma unroll
                 for (int h = 0; h < GC; ++h) {
@@ -203,49 +187,6 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
     }
 }
 
-// Keys [k0, k1) of split blockIdx.y, and the splits that have keys: `active`.
-struct Split {
-    int k0, k1, active;
-};
-
-__device__ __forceinline__ Split split_of(int L, int n_splits, int min_chunk) {
-    const int chunk = max((L + n_splits - 1) / n_splits, min_chunk), active = (L + chunk - 1) / chunk;
-    const int k0 = min(int(blockIdx.y) * chunk, L);
-    return {k0, min(k0 + chunk, L), active};
-}
-
-// The split's partials (decode_heads, in the form the head dims and grouping pick), then with counters the fold.
-template <bool SQ>
-__device__ __forceinline__ void decode_split(const float* q, const float* __restrict__ k_cache,
-                                             const float* __restrict__ v_cache, int H, int KVH, int hd, int vd,
-                                             float scale, int n_splits, Split sp, float* __restrict__ part_o,
-                                             float* __restrict__ part_ml, int* __restrict__ counters,
-                                             float* __restrict__ out, float* sm, int own, const float* kn,
-                                             const float* vn) {
-    __shared__ int ticket;
-    const int G = H / KVH;
-#define DECODE(NI, GC) decode_heads<NI, GC, SQ>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, sp.k0, sp.k1, \
-                                                part_o, part_ml, sm, own, kn, vn)
-    // GC = 8 or 4 heads per pass (fewer kv heads' worth of q padded with zero heads): smaller groups would hold
-    // more keys' loads in flight per group and push the whole kernel's register count up.
-    if (max(hd, vd) <= 128) {
-        if (G > 4) DECODE(1, 8); else DECODE(1, 4);
-    } else {
-        DECODE(2, 4);
-    }
-#undef DECODE
-    if (!counters) return;
-    __threadfence();  // this block's partials before its ticket
-    if (threadIdx.x == 0) ticket = atomicAdd(counters + blockIdx.x, 1);
-    __syncthreads();
-    if (ticket != sp.active - 1) return;
-    __threadfence();
-    combine_heads<true>(part_o, part_ml, blockIdx.x, G, n_splits, sp.active, vd, out);
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // for the next launch
-}
-
-constexpr int DECODE_SMEM = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2;  // floats: sp, sacc, sml of decode_heads
-
 }  // namespace
 
 // grid (KVH, n_splits), block 128. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), min_chunk) and active =
@@ -260,58 +201,32 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, cons
             float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
             float* __restrict__ out) {
     pdl::begin();
-    __shared__ float4 sm4[DECODE_SMEM / 4];
-    const Split sp = split_of(*pos + 1, n_splits, min_chunk);
-    if (counters && int(blockIdx.y) >= sp.active) return;
-    decode_split<false>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, sp, part_o, part_ml, counters, out,
-                        reinterpret_cast<float*>(sm4), -1, nullptr, nullptr);
-}
-
-// attn_decode with norm_rope.cu's qk_rope_kv folded in, for one token at p = *pos from the raw projections q (H*hd),
-// k (KVH*hd), v (KVH*vd): every block QK-norms and rotates the G = H / KVH q heads of its kv head into shared memory
-// (rope.cuh, so the bits are qk_rope_kv's), and the block whose split covers key p does the same for k head g and
-// writes it and v head g into the caches' row p, reading them from shared memory itself. q is left raw. One launch
-// instead of two; G * hd <= ROPE_MAX_GQ. Same grid, splits and fold as attn_decode.
-constexpr int ROPE_MAX_GQ = 2048;
-
-extern "C" __global__ void __launch_bounds__(128, 3)
-attn_decode_rope(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                 const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int rope_dim,
-                 float theta, float freq_scale, float ext_factor, float corr_lo, float corr_hi, float mscale,
-                 const float* __restrict__ freq_factors, int rope_neox, float* __restrict__ k_cache,
-                 float* __restrict__ v_cache, const int* __restrict__ pos, int H, int KVH, int hd, int vd,
-                 float scale, int n_splits, int min_chunk, float* __restrict__ part_o, float* __restrict__ part_ml,
-                 int* __restrict__ counters, float* __restrict__ out) {
-    pdl::begin();
-    __shared__ float4 sm4[DECODE_SMEM / 4];
-    __shared__ float4 qs4[ROPE_MAX_GQ / 4], kn4[64], vn4[64];  // roped q heads [G][hd]; the new key and value
-    __shared__ float cs[128], sn[128];                        // cos / sin of pair i (rope_dim / 2 <= 128)
-    float *sm = reinterpret_cast<float*>(sm4), *qs = reinterpret_cast<float*>(qs4);
-    float *kn = reinterpret_cast<float*>(kn4), *vn = reinterpret_cast<float*>(vn4);
-    const int p = *pos, g = blockIdx.x, G = H / KVH, warp = threadIdx.x >> 5;
-    const Split sp = split_of(p + 1, n_splits, min_chunk);
-    if (counters && int(blockIdx.y) >= sp.active) return;
-    const bool owner = sp.k0 <= p && p < sp.k1;
-
-    rope::table(p, rope_dim, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, freq_factors, cs, sn);
-    __syncthreads();
-    float* row = sm + 256 * warp;  // the warp's scratch head (decode_heads' buffers are free until it starts)
-    for (int h = warp; h < G; h += 4)
-        rope::head(q + (long long)(g * G + h) * hd, row, q_norm, eps, hd, rope_dim, rope_neox, cs, sn, qs + h * hd);
-    if (owner) {
-        if (warp == 3) {
-            rope::head(k + (long long)g * hd, row, k_norm, eps, hd, rope_dim, rope_neox, cs, sn, kn);
-            for (int j = threadIdx.x & 31; j < hd; j += 32) k_cache[((long long)p * KVH + g) * hd + j] = kn[j];
-        }
-        for (int j = threadIdx.x; j < vd; j += 128) {
-            const float x = v[(long long)g * vd + j];
-            vn[j] = x;
-            v_cache[((long long)p * KVH + g) * vd + j] = x;
-        }
+    __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
+    __shared__ int ticket;
+    float* sm = reinterpret_cast<float*>(sm4);
+    const int L = *pos + 1;
+    const int chunk = max((L + n_splits - 1) / n_splits, min_chunk), active = (L + chunk - 1) / chunk;
+    if (counters && int(blockIdx.y) >= active) return;
+    const int k0 = min(int(blockIdx.y) * chunk, L), k1 = min(k0 + chunk, L);
+    const int G = H / KVH;
+#define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, k0, k1, part_o, \
+                                            part_ml, sm)
+    // GC = 8 or 4 heads per pass (fewer kv heads' worth of q padded with zero heads): smaller groups would hold
+    // more keys' loads in flight per group and push the whole kernel's register count up.
+    if (max(hd, vd) <= 128) {
+        if (G > 4) DECODE(1, 8); else DECODE(1, 4);
+    } else {
+        DECODE(2, 4);
     }
+#undef DECODE
+    if (!counters) return;
+    __threadfence();  // this block's partials before its ticket
+    if (threadIdx.x == 0) ticket = atomicAdd(counters + blockIdx.x, 1);
     __syncthreads();
-    decode_split<true>(qs, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, sp, part_o, part_ml, counters, out, sm,
-                       owner ? p : -1, kn, vn);
+    if (ticket != active - 1) return;
+    __threadfence();
+    combine_heads<true>(part_o, part_ml, blockIdx.x, G, n_splits, active, vd, out);
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // for the next launch
 }
 
 // out[h, :] = sum_s w_s * part_o[h, s, :] / sum_s w_s * l_s, with w_s = exp(m_s - max m), for n_splits <=

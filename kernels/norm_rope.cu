@@ -3,19 +3,49 @@
 // Reference math: engine/cpu/ops.py (rmsnorm, rope_angles, apply_rope), engine/models/mla.py. Contract:
 // kernels/README.md.
 #include "pdl.cuh"
-#include "rope.cuh"
 #include <stdint.h>
 
 namespace {
 
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // Sum over a block of 256 threads, returned to every thread. `red` holds 8 floats.
 __device__ __forceinline__ float block_sum_256(float v, float* red) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    v = rope::warp_sum(v);
+    v = warp_sum(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
     v = lane < 8 ? red[lane] : 0.0f;
-    return rope::warp_sum(v);
+    return warp_sum(v);
+}
+
+// cos / sin of the rope_dim / 2 pairs at position p into cs / sn (the caller syncs before reading them), as
+// engine/cpu/ops.rope_angles: pair i turns by p * freq_scale * theta^(-2i / rope_dim) / freq_factors[i]; with YaRN
+// (ext_factor != 0) the angle mixes back the unscaled one, a * (1 - mix) + p * inv * mix with
+// mix = ext_factor * (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) (high-frequency pairs keep their angle); cos
+// and sin are multiplied by mscale. Float32 powf / sincosf (accurate library versions, not the intrinsics). Without
+// YaRN and with mscale 1 every value is bit-identical to the plain formula (x * 1.0f is exact).
+__device__ __forceinline__ void rope_table(int p, int rope_dim, float theta, float freq_scale, float ext_factor,
+                                           float corr_lo, float corr_hi, float mscale,
+                                           const float* __restrict__ freq_factors, float* cs, float* sn) {
+    for (int i = threadIdx.x; i < (rope_dim >> 1); i += blockDim.x) {
+        float inv = powf(theta, -2.0f * float(i) / float(rope_dim));
+        if (freq_factors) inv /= freq_factors[i];
+        float a = float(p) * freq_scale * inv;
+        if (ext_factor != 0.0f) {
+            const float ramp = fminf(fmaxf((float(i) - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo), 0.0f), 1.0f);
+            const float mix = ext_factor * (1.0f - ramp);
+            a = a * (1.0f - mix) + float(p) * inv * mix;
+        }
+        float s, c;
+        sincosf(a, &s, &c);
+        sn[i] = s * mscale;
+        cs[i] = c * mscale;
+    }
 }
 
 // Element j < rope_dim of x rotated with normal pairs (2i, 2i + 1) (the pairs deepseek2 uses).
@@ -62,19 +92,45 @@ qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, i
     pdl::begin();
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
     __shared__ float row[8][256];       // one head per warp
-    const int t = blockIdx.y, warp = threadIdx.x >> 5;
+    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p = *pos + t;
+    const int half = rope_dim >> 1;
 
-    rope::table(p, rope_dim, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, freq_factors, cs, sn);
+    rope_table(p, rope_dim, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, freq_factors, cs, sn);
     __syncthreads();
 
+    float* b = row[warp];
     const int hh = blockIdx.x * 8 + warp;
     if (hh < H + KVH) {
         const bool is_q = hh < H;
         const int head = is_q ? hh : hh - H;
         const float* src = is_q ? q + ((long long)t * H + head) * hd : k + ((long long)t * KVH + head) * hd;
         float* dst = is_q ? q + ((long long)t * H + head) * hd : k_cache + ((long long)p * KVH + head) * hd;
-        rope::head(src, row[warp], is_q ? q_norm : k_norm, eps, hd, rope_dim, rope_neox, cs, sn, dst);
+        const float* nw = is_q ? q_norm : k_norm;
+
+        float ss = 0.0f;
+        for (int j = lane; j < hd; j += 32) {
+            const float x = src[j];
+            b[j] = x;
+            ss = fmaf(x, x, ss);
+        }
+        if (nw) {  // QK-norm over this head's hd values (uniform across the warp)
+            const float r = 1.0f / sqrtf(warp_sum(ss) / float(hd) + eps);
+            for (int j = lane; j < hd; j += 32) b[j] = (b[j] * r) * nw[j];
+        }
+        __syncwarp();
+        for (int j = lane; j < hd; j += 32) {
+            float o = b[j];
+            if (j < rope_dim) {
+                // NEOX pairs (i, i + half); normal pairs (2i, 2i + 1). `second`: j is the pair's second element.
+                const bool second = rope_neox ? j >= half : (j & 1);
+                const int i = rope_neox ? (second ? j - half : j) : (j >> 1);
+                const int ia = rope_neox ? i : 2 * i, ib = rope_neox ? i + half : 2 * i + 1;
+                const float a = b[ia], c = b[ib];
+                o = second ? c * cs[i] + a * sn[i] : a * cs[i] - c * sn[i];
+            }
+            dst[j] = o;
+        }
     }
 
     const long long kv = (long long)KVH * vd;  // floats per position of v and of v_cache
@@ -95,7 +151,7 @@ mla_kv_rope(const float* __restrict__ kva, const float* __restrict__ kv_norm, fl
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (P / 2 <= 128)
     __shared__ float red[8];
     const int t = blockIdx.x, p = *pos + t, D = R + P;
-    rope::table(p, P, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, nullptr, cs, sn);
+    rope_table(p, P, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, nullptr, cs, sn);
 
     const float* kv = kva + (long long)t * D;
     float* row = cache + (long long)p * D;

@@ -53,14 +53,3 @@ def decode_attention(H: int, KVH: int) -> tuple[bool, int]:
     32 keys a split) vs 12.5 split + combine, and 5.9 + 3.6 since attn_decode skips empty key groups and attn_combine
     sums each element over the splits with independent loads (same GPU, later that day)."""
     return (True, 128) if H // KVH < 8 else (False, 1)
-
-
-# attn_decode_rope's q heads of one kv head in shared memory: (H / KVH) * head_dim floats at most (attention.cu).
-ROPE_MAX_GQ = 2048
-
-
-def rope_in_attention(H: int, KVH: int, hd: int) -> bool:
-    """Whether one decode token's QK-norm, RoPE and K/V cache write ride in its attention launch (attn_decode_rope)
-    instead of a qk_rope_kv launch before it: where the kv head's q heads fit in the kernel's shared memory. The
-    preamble on its own took 3.7-4.0 us a layer on one H200 (2026-12-01, Qwen3-30B-A3B shape, profile6b)."""
-    return (H // KVH) * hd <= ROPE_MAX_GQ

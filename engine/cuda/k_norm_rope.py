@@ -51,7 +51,7 @@ def rope_scaling(rope_dim: int, theta: float, s: RopeScaling) -> tuple[float, Ya
     return 1.0 / s.factor, Yarn(ext_factor=1.0, corr_lo=lo, corr_hi=hi, mscale=s.mscale)
 
 
-def yarn_args(yarn: Yarn) -> list:
+def _yarn_args(yarn: Yarn) -> list:
     return [f32(yarn.ext_factor), f32(yarn.corr_lo), f32(yarn.corr_hi), f32(yarn.mscale)]
 
 
@@ -96,7 +96,7 @@ def qk_rope_kv(
     _cache(k_cache, v_cache, n, KVH, hd, vd)
     fn = driver.module("norm_rope").fn("qk_rope_kv")
     args = [ptr(q), ptr(k), ptr(v), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), ptr(q_norm), ptr(k_norm), f32(eps),
-            i32(rope_dim), f32(theta), f32(freq_scale), *yarn_args(yarn), ptr(freq_factors),
+            i32(rope_dim), f32(theta), f32(freq_scale), *_yarn_args(yarn), ptr(freq_factors),
             i32(1 if rope_neox else 0), ptr(pos), ptr(k_cache), ptr(v_cache)]  # fmt: skip
     return Launch(fn, ((H + KVH + 7) // 8, n), (256,), args)  # 8 heads a block
 
@@ -126,5 +126,5 @@ def mla_kv_rope(
     need(cache, "cache", "f4", n * D)
     fn = driver.module("norm_rope").fn("mla_kv_rope")
     args = [ptr(kva), ptr(kv_norm), f32(eps), ptr(q), ptr(qa), i32(n), i32(H), i32(R), i32(P), i32(nope), f32(theta),
-            f32(freq_scale), *yarn_args(yarn), ptr(pos), ptr(cache)]  # fmt: skip
+            f32(freq_scale), *_yarn_args(yarn), ptr(pos), ptr(cache)]  # fmt: skip
     return Launch(fn, (n,), (256,), args)

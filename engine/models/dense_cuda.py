@@ -5,8 +5,7 @@ Per layer, for a batch of n tokens whose first position is in device memory (`ct
            attention; matvec o (+x); matvec gate/up SwiGLU with the
            FFN RMSNorm fused; matvec down (+x).
   n >  8 : RMSNorm rows; GEMM q, k, v; attention; GEMM o (+x); RMSNorm rows; GEMM gate/up SwiGLU; GEMM down (+x).
-Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n = 1) or causal prefill; for one
-token the preamble rides in the attention launch (engine/cuda/k_decode.py).
+Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n = 1) or causal prefill.
 MoE layers (qwen3moe, Mixtral-style llama) replace the FFN by engine/models/moe_cuda.py's MoEFFN.
 Everything is allocated here, once; building a launch list allocates nothing on the device.
 """
@@ -17,7 +16,6 @@ import math
 
 from engine.config import ModelConfig
 from engine.cuda import k_attention as ka
-from engine.cuda import k_decode as kd
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
@@ -121,24 +119,21 @@ class CudaModel:
             out += self._qkv(L, n)
             kc = self.k_cache.view(i * self.max_seq * c.n_kv_heads * c.head_dim, self.k_cache.shape[1:])
             vc = self.v_cache.view(i * self.max_seq * c.n_kv_heads * c.value_dim, self.v_cache.shape[1:])
-            out += self._attention(L, n, kc, vc)
+            freq_scale, yarn = knr.rope_scaling(c.rope_dim, c.rope_theta, c.rope_scaling)  # linear, YaRN, magnitude
+            out.append(knr.qk_rope_kv(self.q, self.k, self.v, n, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
+                                     L.get("attn_q_norm"), L.get("attn_k_norm"), c.norm_eps, c.rope_dim,
+                                     c.rope_theta, freq_scale, self.rope_freqs, c.rope_type == "neox",
+                                     self.pos, kc, vc, yarn=yarn))  # fmt: skip
+            scale = 1.0 / math.sqrt(c.head_dim)
+            if n == 1:
+                out += ka.decode_launches(self.q, kc, vc, self.pos, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
+                                          scale, self.part_o, self.part_ml, self.tickets, self.att)  # fmt: skip
+            else:
+                out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
+                                           c.value_dim, scale, self.att))  # fmt: skip
             out += self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x)
             out += self._ffn(L, n) if self.moe[i] is None else self.moe[i].launches(self.x, n, L["ffn_norm"])
         return out
-
-    def _attention(self, L: dict, n: int, kc: DeviceArray, vc: DeviceArray) -> list[Launch]:
-        """att[:n] from q, k, v[:n]: QK-norm, RoPE and the cache write (inside the attention launch for one token
-        where k_decode allows), then split-key decode (n = 1) or causal prefill."""
-        c = self.cfg
-        H, KVH, hd, vd, scale = c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim, 1.0 / math.sqrt(c.head_dim)
-        freq_scale, yarn = knr.rope_scaling(c.rope_dim, c.rope_theta, c.rope_scaling)  # linear, YaRN, magnitude
-        rope = (L.get("attn_q_norm"), L.get("attn_k_norm"), c.norm_eps, c.rope_dim, c.rope_theta, freq_scale,
-                self.rope_freqs, c.rope_type == "neox")  # fmt: skip
-        if n == 1:
-            return kd.decode_rope_launches(self.q, self.k, self.v, *rope, kc, vc, self.pos, H, KVH, hd, vd, scale,
-                                           self.part_o, self.part_ml, self.tickets, self.att, yarn=yarn)  # fmt: skip
-        return [knr.qk_rope_kv(self.q, self.k, self.v, n, H, KVH, hd, vd, *rope, self.pos, kc, vc, yarn=yarn),
-                ka.attn_prefill(self.q, kc, vc, self.pos, n, H, KVH, hd, vd, scale, self.att)]  # fmt: skip
 
     def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
                 norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip

@@ -7,8 +7,7 @@ for n <= 48, rmsnorm_rows + GEMM above):
                   -> gdn_conv_silu (conv state) -> gdn_l2norm_gates -> gdn_recurrence (recurrent state)
                   -> gdn_gated_norm -> ssm_out (+x)
   gated attention: attn_q (per head [q | gate]), attn_k, attn_v -> split_groups -> qk_rope_kv (QK-norm, RoPE on the
-                  first rope_dim dims, K/V cache; inside the decode launch for one token) -> decode / prefill attention
-                  -> sigmoid_mul(gate) -> attn_output (+x)
+                  first rope_dim dims, K/V cache) -> decode / prefill attention -> sigmoid_mul(gate) -> attn_output (+x)
   FFN (post_attention_norm): dense SwiGLU, or engine/models/moe_cuda.py's MoEFFN (qwen35moe, qwen3next).
 The conv and recurrent states are rewritten by every token: the runner's snapshot()/restore() save and reload them
 (`save_state` / `load_state`, device-to-device copies into buffers allocated here) and reset() zeroes them.
@@ -24,13 +23,13 @@ import math
 
 from engine.config import ModelConfig
 from engine.cuda import k_attention as ka
-from engine.cuda import k_decode, memory
 from engine.cuda import k_deltanet as kd
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
+from engine.cuda import memory
 from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -296,14 +295,14 @@ class CudaModel:
         out.append(kd.split_groups(self.qg, n, H, (hd, hd), [(self.q, H * hd), (self.gate, H * hd)]))
         kc = self.k_cache.view(slot * self.max_seq * KVH * hd, self.k_cache.shape[1:])
         vc = self.v_cache.view(slot * self.max_seq * KVH * vd, self.v_cache.shape[1:])
-        rope = (L["attn_q_norm"], L["attn_k_norm"], c.norm_eps, c.rope_dim, c.rope_theta, self._freq_scale(), None,
-                c.rope_type == "neox")  # fmt: skip
+        out.append(knr.qk_rope_kv(self.q, self.k, self.v, n, H, KVH, hd, vd, L["attn_q_norm"], L["attn_k_norm"],
+                                 c.norm_eps, c.rope_dim, c.rope_theta, self._freq_scale(), None, c.rope_type == "neox",
+                                 self.pos, kc, vc))  # fmt: skip
         scale = 1.0 / math.sqrt(hd)
-        if n == 1:  # the preamble inside the attention launch where engine/cuda/k_decode.py allows
-            out += k_decode.decode_rope_launches(self.q, self.k, self.v, *rope, kc, vc, self.pos, H, KVH, hd, vd,
-                                                 scale, self.part_o, self.part_ml, self.tickets, self.att)  # fmt: skip
+        if n == 1:
+            out += ka.decode_launches(self.q, kc, vc, self.pos, H, KVH, hd, vd, scale, self.part_o, self.part_ml,
+                                      self.tickets, self.att)  # fmt: skip
         else:
-            out.append(knr.qk_rope_kv(self.q, self.k, self.v, n, H, KVH, hd, vd, *rope, self.pos, kc, vc))
             out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, H, KVH, hd, vd, scale, self.att))
         out.append(kd.sigmoid_mul(self.att, self.gate, n * H * vd))
         out += self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x)
