@@ -70,8 +70,8 @@ class App:
     def start_loading(self) -> threading.Thread:
         def run() -> None:
             worker = self.load()
-            for name in ("engine.worker.jobs", "engine.worker.openai_jobs"):  # the first request's imports, now
-                importlib.import_module(name)
+            importlib.import_module("engine.worker.openai_jobs")  # the first request's imports and schemas, now
+            importlib.import_module("engine.worker.jobs").build()
             self.worker = worker
 
         thread = threading.Thread(target=run, name="model-load", daemon=True)
