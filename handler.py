@@ -35,9 +35,11 @@ if __name__ == "__main__" and os.environ.get("PORT") and not os.environ.get("RUN
 stdlib_loop = __name__ == "__main__" and serverless.stdlib_job_loop(sys.argv)
 _imports = serverless.RunpodImport(
     background=os.environ.get("REFLEX_RUNPOD_IMPORT") != "serial",
-    # the job loop, and the job schemas (pydantic): needed from the first job on
-    preload=(("engine.worker.job_loop",) if stdlib_loop else ()) + ("engine.worker.jobs", "engine.worker.openai_api"),
-    warm=("jinja2", "jinja2.sandbox"),  # chat templates: imported while the worker waits for its first job
+    # the job loop and the system1 job's schema (pydantic) before the first job; the other schemas and jinja2 after
+    # it (queue mode: once its result is posted, while the worker is idle)
+    preload=(("engine.worker.job_loop",) if stdlib_loop else ()) + serverless.FIRST_JOB,
+    warm=serverless.LATER,
+    warm_later=stdlib_loop,
     sdk=not stdlib_loop,
 )
 
@@ -67,6 +69,6 @@ config["handler"] = handler
 if __name__ == "__main__" and stdlib_loop:
     from engine.worker import job_loop
 
-    job_loop.serve(config, fitness_checks=[worker.check_ready])
+    job_loop.serve(config, fitness_checks=[worker.check_ready], after_first_job=_imports.warm_up)
 elif __name__ == "__main__":
     serverless.start(runpod, config, worker)

@@ -209,6 +209,32 @@ def test_background_imports_hand_over_the_sdk_or_its_error(background):
         broken.wait()
 
 
+def test_import_items_are_modules_or_functions_and_warm_ones_can_wait_for_warm_up(tmp_path, monkeypatch):
+    """`module:function` imports the module and calls the function; with warm_later the warm items run only once
+    warm_up() is called (the queue worker: after its first result), and settle() waits for them."""
+    (tmp_path / "items_probe_mod.py").write_text("CALLS = []\n\ndef first():\n    CALLS.append('first')\n\n"
+                                                 "def later():\n    CALLS.append('later')\n")  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "items_probe_mod", raising=False)
+    imports = serverless.RunpodImport(preload=("items_probe_mod:first",), warm=("items_probe_mod:later", "no_such_x"),
+                                      sdk=False, warm_later=True)  # fmt: skip
+    imports.wait()
+    imports.settle()
+    calls = sys.modules["items_probe_mod"].CALLS
+    assert calls == ["first"]
+    imports.warm_up()
+    imports.settle()
+    assert calls == ["first", "later"]  # the missing module is skipped, as warm items are best effort
+    imports.warm_up()  # once only
+    imports.settle()
+    assert calls == ["first", "later"]
+
+
+def test_the_worker_builds_the_system1_schema_first_and_the_others_later():
+    assert "engine.worker.jobs:build_system1" in serverless.FIRST_JOB
+    assert {"engine.worker.jobs:build", "engine.worker.openai_api", "jinja2"} <= set(serverless.LATER)
+
+
 @pytest.mark.parametrize(("setting", "during"), [(None, 0.0005), ("0.2", 0.0002), ("default", None), ("x", 0.0005)])
 def test_the_import_thread_holds_a_short_switch_interval_and_gives_it_back(tmp_path, monkeypatch, setting, during):
     """While the import thread runs, the GIL's switch interval is REFLEX_IMPORT_SWITCH_MS (0.5 ms unless set;

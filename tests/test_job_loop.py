@@ -184,12 +184,12 @@ def test_a_failing_fitness_check_is_reported_as_the_sdk_reports_it():
 
 
 @contextlib.contextmanager
-def in_process(jobs: list[dict], config: dict | None = None, **platform_args):
+def in_process(jobs: list[dict], config: dict | None = None, after_first_job=None, **platform_args):
     """Our loop on a thread against a fake platform; yields (platform, config)."""
     config = config or stub_config()
     with FakeRunpod(jobs, stop_poll_s=0.2, **platform_args) as platform:
         env = {**platform.worker_env(), "RUNPOD_PING_INTERVAL": "1000"}
-        loop = job_loop.JobLoop(config["handler"], config, env)
+        loop = job_loop.JobLoop(config["handler"], config, env, after_first_job=after_first_job)
         thread = threading.Thread(target=loop.run, daemon=True)
         thread.start()
         try:
@@ -209,6 +209,14 @@ def test_a_stopped_job_gets_no_result_and_the_next_job_is_answered():
         assert "long" not in platform.results and len(platform.streams["long"]) < 200
         assert config["closed"][0] == "long"  # the handler's generator was closed at once
         assert platform.results["next"] == {"output": [{"chunk": 0, "text": "é✓"}, {"chunk": 1, "text": "é✓"}]}
+
+
+def test_after_first_job_runs_once_when_the_first_result_is_posted():
+    calls: list[list[str]] = []  # the results posted by then
+    jobs = [{"id": "a", "input": {"chunks": 2}}, {"id": "b", "input": {"chunks": 1}}]
+    with in_process(jobs, after_first_job=lambda: calls.append(sorted(platform.results))) as (platform, _):
+        platform.wait_for(lambda: "b" in platform.results)
+    assert calls == [["a"]]
 
 
 @pytest.mark.parametrize(
@@ -308,28 +316,28 @@ def test_sigterm_lets_the_job_in_flight_post_its_result_then_the_worker_exits():
     assert platform.of_kind("take")[-1].t < platform.of_kind("done")[-1].t  # no take after the signal
 
 
-# handler.py as `python handler.py`, with every module the process ever imports written to the file named by argv[1]:
-# those loaded before it starts, then each new one as a finder first sees it (on every thread, import statement or
-# importlib alike).
+# handler.py as `python handler.py`, with every module the process ever imports written to the file named by argv[1]
+# with the time.monotonic() it was first asked for: those loaded before it starts (at 0), then each new one as a
+# finder first sees it (on every thread, import statement or importlib alike).
 RECORDING_WORKER = """
-import runpy, sys
+import runpy, sys, time
 
 class Recorder:
     def find_spec(self, name, path=None, target=None):
-        log.write(name + "\\n")
+        log.write(f"{name} {time.monotonic()}\\n")
         return None  # found by the usual finders
 
 log = open(sys.argv[1], "w", buffering=1)
-log.write("\\n".join(sys.modules) + "\\n")
+log.write("".join(f"{name} 0\\n" for name in sys.modules))
 sys.meta_path.insert(0, Recorder())
 sys.argv = ["handler.py"]
 runpy.run_path("handler.py", run_name="__main__")
 """
 
 
-def _handler_worker(loop: str, jobs: list[dict], tmp_path) -> tuple[set[str], FakeRunpod]:
+def _handler_worker(loop: str, jobs: list[dict], tmp_path) -> tuple[dict[str, float], FakeRunpod]:
     """handler.py on the tiny model in queue mode until it has answered `jobs`, then SIGTERM; (every module it
-    imported, platform)."""
+    imported -> when it was first asked for, platform)."""
     modules = tmp_path / f"modules-{loop}.txt"
     with FakeRunpod(jobs) as platform:
         env = _worker_env(
@@ -347,7 +355,11 @@ def _handler_worker(loop: str, jobs: list[dict], tmp_path) -> tuple[set[str], Fa
                 proc.kill()
                 proc.communicate()
     assert proc.returncode == 0, out[-3000:]
-    return set(modules.read_text().split()), platform
+    imported: dict[str, float] = {}
+    for line in modules.read_text().splitlines():
+        name, t = line.split()
+        imported.setdefault(name, float(t))
+    return imported, platform
 
 
 def _answers(platform: FakeRunpod) -> dict:
@@ -378,12 +390,16 @@ def test_handler_queue_mode_runs_our_loop_and_never_imports_the_sdk(tmp_path):
     assert "".join(c["text"] for c in streamed[:-1]) == streamed[-1]["text"]
     error = json.loads(platform.results["invalid"]["error"])
     assert error["error_kind"] == "invalid_input" and set(platform.results["invalid"]) == {"error"}
+    # what the first (system1) job does not need waits until its result is posted
+    first_result = platform.of_kind("done")[0].t
+    assert imported["engine.worker.jobs"] < first_result < imported["jinja2"]
+    assert imported.get("importlib.metadata", float("inf")) > first_result
 
 
 def test_handler_queue_mode_answers_the_same_through_the_sdk_loop(tmp_path):
     _sdk_pinned()
     imported, sdk = _handler_worker("sdk", QUEUE_JOBS, tmp_path)
-    assert {"runpod.serverless.modules.rp_scale", "aiohttp"} <= imported  # REFLEX_JOB_LOOP=sdk: the SDK's own loop
+    assert {"runpod.serverless.modules.rp_scale", "aiohttp"} <= imported.keys()  # REFLEX_JOB_LOOP=sdk: its own loop
     (first,) = sdk.results["system1"]["output"]
     assert first["cold_start"]["job_loop"] == "sdk" and first["cold_start"]["runpod_import_ms"] > 0
     _, ours = _handler_worker("stdlib", QUEUE_JOBS, tmp_path)

@@ -28,6 +28,9 @@ against one fake platform and compares the requests they send. What it mirrors, 
   and sent only when RUNPOD_AI_API_KEY and RUNPOD_POD_ID are set. Here it is a thread where the SDK forks a
   process: the engine computes outside the GIL, one step at a time, so the thread is not starved.
 - JobScaler.start: SIGTERM and SIGINT stop the taking. A job already taken finishes and posts its result first.
+
+Not the SDK's: `after_first_job` is called once the first job's result is posted, for start-up work that the first
+job did not need (handler.py: the other job schemas, jinja2), done while the worker is idle.
 """
 
 from __future__ import annotations
@@ -61,14 +64,17 @@ log = logging.getLogger(__name__)
 
 class JobLoop:
     """Takes jobs and answers them with `handler`, an async generator function of the job, until
-    config["refresh_worker"] is set after a job or `stop()` is called (SIGTERM, SIGINT)."""
+    config["refresh_worker"] is set after a job or `stop()` is called (SIGTERM, SIGINT). `after_first_job` (quick:
+    it runs on the loop) is called once the first job's result is posted."""
 
     def __init__(self, handler: Callable, config: dict, env: Mapping[str, str] = os.environ,
-                 fitness_checks: Iterable[Callable] = ()):  # fmt: skip
+                 fitness_checks: Iterable[Callable] = (),
+                 after_first_job: Callable[[], None] | None = None):  # fmt: skip
         if not inspect.isasyncgenfunction(handler):
             raise TypeError("the job loop runs async generator handlers only")
         self.handler, self.config, self.env = handler, config, env
         self.fitness_checks = list(fitness_checks)
+        self.after_first_job = after_first_job
         worker = env.get("RUNPOD_POD_ID") or str(uuid.uuid4())
         self.take_url = str(env.get("RUNPOD_WEBHOOK_GET_JOB")).replace("$ID", worker)
         self.stop_url = self.take_url.replace("/job-take/", "/job-stop/") if "/job-take/" in self.take_url else None
@@ -108,6 +114,9 @@ class JobLoop:
             self._track({job["id"]: None for job in jobs})
             for job in jobs:
                 await self._run(job)
+                if self.after_first_job is not None:
+                    start, self.after_first_job = self.after_first_job, None
+                    start()
                 if self.config.get("refresh_worker"):
                     log.info("refresh_worker set: the worker exits after this job", extra={"job_id": job["id"]})
                     self.stop()
@@ -266,7 +275,8 @@ class SdkLogFormat(logging.Formatter):
         return f"{level.ljust(7)}| {f'{job_id} | ' if job_id else ''}{message}"
 
 
-def serve(config: dict, fitness_checks: Iterable[Callable] = (), env: Mapping[str, str] = os.environ) -> None:
+def serve(config: dict, fitness_checks: Iterable[Callable] = (), env: Mapping[str, str] = os.environ,
+          after_first_job: Callable[[], None] | None = None) -> None:  # fmt: skip
     """The worker's entry point: this module logs to stdout in the SDK's format at RUNPOD_LOG_LEVEL; then the loop."""
     out = logging.StreamHandler(sys.stdout)
     out.setFormatter(SdkLogFormat(bool(env.get("RUNPOD_ENDPOINT_ID"))))
@@ -276,4 +286,4 @@ def serve(config: dict, fitness_checks: Iterable[Callable] = (), env: Mapping[st
         LOG_LEVELS.get(env.get("RUNPOD_LOG_LEVEL", env.get("RUNPOD_DEBUG_LEVEL", "INFO")).upper(), logging.INFO)
     )
     log.info("Starting the job loop (the Runpod protocol of runpod %s, on the standard library)", wire.SDK_VERSION)
-    JobLoop(config["handler"], config, env, fitness_checks).run()
+    JobLoop(config["handler"], config, env, fitness_checks, after_first_job).run()

@@ -130,6 +130,14 @@ def import_job_loop() -> types.ModuleType:
     return sys.modules["runpod"]
 
 
+# The import thread's items for the worker (RunpodImport). FIRST_JOB: what a system1 job needs besides the job loop,
+# built before the first job; LATER: the other job schemas, the OpenAI shapes and jinja2 (chat templates), which the
+# queue worker leaves until its first result is posted (pydantic's first validator built pays its warm-up: the
+# first job's parse does not).
+FIRST_JOB = ("engine.worker.jobs:build_system1",)
+LATER = ("engine.worker.jobs:build", "engine.worker.openai_api", "jinja2", "jinja2.sandbox")
+
+
 # The GIL's switch interval while the import thread runs, in ms (REFLEX_IMPORT_SWITCH_MS; "default": Python's 5 ms).
 # The engine loads on the main thread meanwhile, and a CUDA load is hundreds of short ctypes calls (allocations,
 # copies, launches), each of which gives the GIL up; taking it back from a thread that is running Python waits up to
@@ -153,19 +161,21 @@ def _import_switch_interval() -> float | None:
 
 class RunpodImport:
     """Imports for the worker, off the cold path: `import runpod.serverless` (unless `sdk` is False: the job loop on
-    the standard library needs no SDK), then the `preload` modules (needed before the first job), then — after
-    `wait()` may already have returned — the `warm` ones (best effort, e.g. jinja2 for the first chat job). With
-    `background` False everything needed runs inside `wait()` instead. While the thread runs, the GIL's switch
-    interval is IMPORT_SWITCH_MS (see there).
+    the standard library needs no SDK), then the `preload` items (needed before the first job), then — after
+    `wait()` may already have returned — the `warm` ones (best effort, e.g. the other job schemas and jinja2 for the
+    first chat job); with `warm_later` those wait for `warm_up()` (the queue worker calls it once its first result is
+    posted). An item is a module to import or `module:function`, a function of it to call. With `background` False
+    everything needed runs inside `wait()` instead. While the thread runs the needed part, the GIL's switch interval
+    is IMPORT_SWITCH_MS (see there).
 
     Phases: `runpod_import_ms` (the SDK import, 0 without it), `preload_ms`, and `runpod_import_wait_ms` (how long
     `wait()` blocked: the part left on the serial path).
     """
 
     def __init__(self, background: bool = True, preload: tuple[str, ...] = (), warm: tuple[str, ...] = (),
-                 sdk: bool = True):  # fmt: skip
+                 sdk: bool = True, warm_later: bool = False):  # fmt: skip
         self.background, self.sdk = background, sdk
-        self.preload, self.warm = preload, warm
+        self.preload, self.warm, self.warm_later = preload, warm, warm_later
         self.module: types.ModuleType | None = None
         self.error: BaseException | None = None
         self.import_ms = self.preload_ms = self.wait_ms = 0.0
@@ -188,8 +198,8 @@ class RunpodImport:
                     self.module = import_job_loop()
                 self.import_ms = timing.ms_since(t0)
             t1 = timing.now()
-            for name in self.preload:
-                importlib.import_module(name)
+            for item in self.preload:
+                _load(item)
             self.preload_ms = timing.ms_since(t1)
         except BaseException as e:  # re-raised by wait(), on the main thread
             self.error = e
@@ -199,12 +209,24 @@ class RunpodImport:
     def _run(self) -> None:
         try:
             self._needed()
-            for name in self.warm:
-                with contextlib.suppress(Exception):
-                    importlib.import_module(name)
         finally:
             if self._switch is not None:
                 sys.setswitchinterval(self._switch)
+        if not self.warm_later:
+            self._warm()
+
+    def _warm(self) -> None:
+        for item in self.warm:
+            with contextlib.suppress(Exception):
+                _load(item)
+
+    def warm_up(self) -> None:
+        """Start the `warm` items now, on a thread (`warm_later`: once; otherwise they follow the needed ones)."""
+        if self.warm_later:
+            self.warm_later = False
+            self.settle()
+            self._thread = threading.Thread(target=self._warm, name="worker-warm", daemon=True)
+            self._thread.start()
 
     def wait(self) -> types.ModuleType | None:
         """The SDK (None without it), once it and the `preload` modules are imported."""
@@ -218,8 +240,8 @@ class RunpodImport:
         return self.module
 
     def settle(self, timeout: float = 2.0) -> None:
-        """Let the `warm` imports finish (at most `timeout` s): called before the first job, so that they do not
-        take the GIL from the engine during its first prompt eval."""
+        """Let the thread's imports finish (at most `timeout` s): called before each job, so that they do not take
+        the GIL from the engine during its prompt eval."""
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -227,6 +249,14 @@ class RunpodImport:
     def phases(self) -> dict[str, Any]:
         return {"runpod_import_ms": self.import_ms, "preload_ms": self.preload_ms,
                 "runpod_import_wait_ms": self.wait_ms, "runpod_import_overlapped": self.background}  # fmt: skip
+
+
+def _load(item: str) -> None:
+    """Import `module`, or import `module:function` and call the function."""
+    name, _, function = item.partition(":")
+    module = importlib.import_module(name)
+    if function:
+        getattr(module, function)()
 
 
 def for_runpod(outputs: Iterable[Any], config: dict) -> Iterator[Any]:

@@ -11,7 +11,8 @@ off the event loop, so a cancel lands between two steps):
   that may have left the context unusable). Nothing raises out of `run` but GeneratorExit.
 The worker's first result carries the engine's cold-start record (timing.ColdStart), into which the worker's own
 phases (`boot`: SDK import, worker ready, first job) are written.
-The job schemas (pydantic) are imported on first use, or earlier off the cold path (handler.py preloads them).
+The job schemas (pydantic) are imported and built on first use, or earlier off the cold path (handler.py: the system1
+job's before the first job, the others after it).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class Worker:
             yield self._error(self.load_error, job_input)
             return
         try:
-            from engine.worker import jobs, openai_api
+            from engine.worker import jobs
 
             if is_vllm_job(job_input):
                 yield from self._vllm(job_input)
@@ -147,6 +148,8 @@ class Worker:
             elif isinstance(job, jobs.GenerateJob):
                 yield from self._generate(self._prompt(job), job.sampling(self.limits), job.stream)
             elif isinstance(job, jobs.ModelsRequest):
+                from engine.worker import openai_api
+
                 created = int(os.path.getmtime(self.engine.path))
                 yield openai_api.models(self.served_name, created, self.engine.max_seq)
             else:
