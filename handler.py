@@ -18,7 +18,10 @@ import os
 import sys
 
 from engine import timing
+from engine.cuda import prestart
 from engine.worker import serverless  # first: the cold-start clock and the SDK import thread need nothing else
+
+prestart()  # the CUDA context is created on a thread while the rest imports and the model opens, as the CLI does
 
 serverless.configure_environment()
 # A load-balancing endpoint (PORT, and no job queue to take from): its own HTTP server, no SDK.
