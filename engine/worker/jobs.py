@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
-import types
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -26,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from engine.errors import InvalidInput
 from engine.text.chat import RESERVED
 from engine.worker.limits import Limits
+from engine.worker.stand_in import stand_in
 
 MAX_MESSAGES = 1024
 MAX_CONTENT_PARTS = 256  # text parts of one message
@@ -382,23 +381,13 @@ def build_system1() -> None:
     build((System1Job,))
 
 
-@contextlib.contextmanager
 def _no_plugin_search():
     """pydantic's plugin loader, imported at the first validator built, imports importlib.metadata (~6 ms: zipfile,
     csv, email) for an entry-point search that it skips when PYDANTIC_DISABLE_PLUGINS disables every plugin (the
-    worker's setting). Then a stand-in whose `get_plugins` answers the same `()` serves the builds; it is gone
-    afterwards, so any later import gets pydantic's own."""
-    if _PLUGIN_LOADER in sys.modules or os.environ.get("PYDANTIC_DISABLE_PLUGINS") not in ("__all__", "1", "true"):
-        yield
-        return
-    stub = types.ModuleType(_PLUGIN_LOADER)
-    stub.get_plugins = lambda: ()
-    sys.modules[_PLUGIN_LOADER] = stub
-    try:
-        yield
-    finally:
-        if sys.modules.get(_PLUGIN_LOADER) is stub:
-            del sys.modules[_PLUGIN_LOADER]
+    worker's setting). Then a stand-in whose `get_plugins` answers the same `()` serves the builds."""
+    if os.environ.get("PYDANTIC_DISABLE_PLUGINS") not in ("__all__", "1", "true"):
+        return contextlib.nullcontext()
+    return stand_in(_PLUGIN_LOADER, get_plugins=lambda: ())
 
 
 def describe(error: ValidationError, prefix: str = "") -> str:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from engine import timing
+from engine.worker.stand_in import stand_in
 
 ENV_DEFAULTS = {
     "RUNPOD_SKIP_AUTO_SYSTEM_CHECKS": "true",
@@ -59,20 +60,11 @@ def _cpu_info() -> dict:
     return {"brand_raw": brand}
 
 
-@contextlib.contextmanager
 def _cheap_cpuinfo():
     """A `cpuinfo` module whose get_cpu_info reads /proc/cpuinfo, present only while the SDK is imported."""
-    if "cpuinfo" in sys.modules or os.environ.get("REFLEX_REAL_CPUINFO") == "1":
-        yield
-        return
-    stub = types.ModuleType("cpuinfo")
-    stub.get_cpu_info = _cpu_info
-    sys.modules["cpuinfo"] = stub
-    try:
-        yield
-    finally:
-        if sys.modules.get("cpuinfo") is stub:
-            del sys.modules["cpuinfo"]
+    if os.environ.get("REFLEX_REAL_CPUINFO") == "1":
+        return contextlib.nullcontext()
+    return stand_in("cpuinfo", get_cpu_info=_cpu_info)
 
 
 # Packages of the SDK whose __init__ imports what the job loop never uses: the top-level package (the GraphQL API
