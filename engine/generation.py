@@ -47,6 +47,17 @@ class GenerateStream:
             return self.runner.sample_next(ids, self.params, step)
         return self.chooser(self.runner.forward(ids, "last"), self.params, step)
 
+    def _decode(self, tok: int, step: int) -> Iterator[int]:
+        """The ids after `tok`, one per decode step, until the loop stops taking them: the backend's chained
+        decode (steps queued on the device ahead of the ids read) without a chooser, else one step at a time."""
+        if self.chooser is None:
+            yield from self.runner.decode_chain(tok, self.params, step, self.max_tokens - step)
+            return
+        while True:
+            tok = self._next([tok], step)
+            step += 1
+            yield tok
+
     def __iter__(self) -> Iterator[dict]:
         ids: list[int] = []
         text, emitted, pending = "", 0, []  # pending: ids not yet handed out in a chunk
@@ -57,27 +68,34 @@ class GenerateStream:
             tok = self._next(self.prompt_ids, 0)
         self.first_token_at = now()
         decode_ms = 0.0
-        while True:
-            ids.append(tok)
-            pending.append(tok)
-            if tok in self.tokenizer.eog_ids:
-                finish = "stop"
-                text += decoder.flush()
-                break
-            text += decoder.push(tok)
-            cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-                break
-            if len(ids) == self.max_tokens:
-                text += decoder.flush()
-                break
-            safe = len(text) - _held_back(text, self.stops)
-            yield {"text": text[emitted:safe], "token_ids": pending}
-            emitted, pending = max(emitted, safe), []
-            t0 = now()
-            tok = self._next([tok], len(ids))
-            decode_ms += (now() - t0) * 1000.0
+        steps: Iterator[int] | None = None  # the decode steps, from the second id on
+        try:
+            while True:
+                ids.append(tok)
+                pending.append(tok)
+                if tok in self.tokenizer.eog_ids:
+                    finish = "stop"
+                    text += decoder.flush()
+                    break
+                text += decoder.push(tok)
+                cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+                if cut >= 0:
+                    text, finish = text[:cut], "stop"
+                    break
+                if len(ids) == self.max_tokens:
+                    text += decoder.flush()
+                    break
+                safe = len(text) - _held_back(text, self.stops)
+                yield {"text": text[emitted:safe], "token_ids": pending}
+                emitted, pending = max(emitted, safe), []
+                t0 = now()
+                if steps is None:
+                    steps = self._decode(tok, len(ids))
+                tok = next(steps)
+                decode_ms += (now() - t0) * 1000.0
+        finally:
+            if steps is not None:
+                steps.close()  # the position becomes that of the ids taken
         # Generation is over, so text held back as a possible stop-string prefix is final now.
         if pending or len(text) > emitted:
             yield {"text": text[emitted:], "token_ids": pending}

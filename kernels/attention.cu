@@ -19,7 +19,7 @@ template <int NI, int GC>
 __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const float* __restrict__ kc,
                                              const float* __restrict__ vc, int H, int KVH, int hd, int vd,
                                              float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
-                                             float* __restrict__ part_ml, float* sm) {
+                                             float* __restrict__ part_ml, float* __restrict__ direct, float* sm) {
     constexpr int KG = 32 / GC;
     const int g = blockIdx.x, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = H / KVH;
@@ -146,6 +146,10 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
                 o = fmaf(f, sacc[(w * GC + h) * NI * 128 + e], o);
                 L = fmaf(f, sml[(w * GC + h) * 2 + 1], L);
             }
+            if (direct) {  // the only split: combine_heads would compute this same quotient
+                direct[(long long)(g * G + c0 + h) * vd + e] = o / L;
+                continue;
+            }
             const long long r = (long long)(g * G + c0 + h) * n_splits + s;  // row of part_*: (q head, split)
             part_o[r * vd + e] = o;
             if (e == 0) {
@@ -193,7 +197,8 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
 // ceil(L / chunk) splits; split s < active covers keys [s*chunk, min((s+1)*chunk, L)).
 // With counters (the fold): the other splits return at once, and the last block of kv head g to finish (a ticket from
 // counters[g], which it sets back to 0) combines the heads of g into out over splits [0, active): no second launch,
-// and the order of the sum is fixed whatever order the blocks ran in. Without (counters null): every split writes its
+// and the order of the sum is fixed whatever order the blocks ran in. With one active split (L <= min_chunk) that
+// block writes out directly, bit for bit what the combine would (weight exp(0) = 1). Without (counters null): every split writes its
 // partials (empty ones m = -inf, l = 0) for attn_combine over all n_splits. dispatch.decode_attention picks.
 extern "C" __global__ void __launch_bounds__(128, 3)
 attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
@@ -209,8 +214,10 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, cons
     if (counters && int(blockIdx.y) >= active) return;
     const int k0 = min(int(blockIdx.y) * chunk, L), k1 = min(k0 + chunk, L);
     const int G = H / KVH;
+    // One active split (folded): its block writes out itself, with no partials, ticket or second pass.
+    float* direct = counters && active == 1 ? out : nullptr;
 #define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, k0, k1, part_o, \
-                                            part_ml, sm)
+                                            part_ml, direct, sm)
     // GC = 8 or 4 heads per pass (fewer kv heads' worth of q padded with zero heads): smaller groups would hold
     // more keys' loads in flight per group and push the whole kernel's register count up.
     if (max(hd, vd) <= 128) {
@@ -219,7 +226,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, cons
         DECODE(2, 4);
     }
 #undef DECODE
-    if (!counters) return;
+    if (!counters || direct) return;
     __threadfence();  // this block's partials before its ticket
     if (threadIdx.x == 0) ticket = atomicAdd(counters + blockIdx.x, 1);
     __syncthreads();

@@ -215,19 +215,34 @@ __device__ int draw_all(Smem& sh, const float* __restrict__ logits, const Filter
 }  // namespace
 
 // out[0] = lowest index among the maxima of logits[0:V], or -1 if any is NaN or infinite. Block 1024, grid 1.
-extern "C" __global__ void __launch_bounds__(1024) argmax_f32(const float* __restrict__ logits, int V, int* out) {
+// The decode chain's hand-off, by thread 0 once the id is chosen (chain null: a lone step). chain is the model's
+// control block [pos, step, out, n, id, ...]: the id becomes the next step's input chain[4] (0 for the -1 mark of
+// non-finite logits, which reaches the host through the ring as it is), the position moves on by one, and the id is
+// written to ring[n % ring_len] (page-locked host memory the host reads after the step's event), n += 1.
+__device__ __forceinline__ void hand_off(int id, int* chain, int* ring, int ring_len) {
+    if (!chain) return;
+    chain[4] = id < 0 ? 0 : id;
+    chain[0] += 1;
+    const int n = chain[3];
+    ring[n % ring_len] = id;
+    chain[3] = n + 1;
+    __threadfence_system();
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+argmax_f32(const float* __restrict__ logits, int V, int* out, int* chain, int* ring, int ring_len) {
     pdl::begin();
     __shared__ float fred[32];
     __shared__ int ired[32];
     const int a = block_argmax(logits, V, fred, ired);
-    if (threadIdx.x == 0) *out = a;
+    if (threadIdx.x == 0) *out = a, hand_off(a, chain, ring, ring_len);
 }
 
 // engine.sampling.sample on the device (out[0] = -1 if any logit is NaN or infinite), then *step += 1. Block 1024,
 // grid 1.
 extern "C" __global__ void __launch_bounds__(1024)
 sample_f32(const float* __restrict__ logits, int V, float temperature, int top_k, float top_p,
-           unsigned long long seed, int* step, int* out) {
+           unsigned long long seed, int* step, int* out, int* chain, int* ring, int ring_len) {
     pdl::begin();
     __shared__ Smem sh;
     int id;
@@ -244,7 +259,7 @@ sample_f32(const float* __restrict__ logits, int V, float temperature, int top_k
         if (lane_id() == 0) sh.fred[threadIdx.x >> 5] = xmax;
         if (threadIdx.x == 0) sh.ncand = -1;
         if (__syncthreads_or(bad)) {  // uniform
-            if (threadIdx.x == 0) *out = -1, *step += 1;
+            if (threadIdx.x == 0) *out = -1, *step += 1, hand_off(-1, chain, ring, ring_len);
             return;
         }
         xmax = sh.fred[lane_id()];
@@ -284,7 +299,7 @@ sample_f32(const float* __restrict__ logits, int V, float temperature, int top_k
             id = draw_all(sh, logits, f, r);
         }
     }
-    if (threadIdx.x == 0) *out = id, *step += 1;
+    if (threadIdx.x == 0) *out = id, *step += 1, hand_off(id, chain, ring, ring_len);
 }
 
 // *pos += n: the decode graph's position advance. Block 1, grid 1.

@@ -1,13 +1,14 @@
 """The NumPy backend's runner: one sequence's cache and position around a family's CpuModel.
 
 Runner API (the CUDA runner has the same): `reset()`, `position`, `forward(ids, out, gather)`,
-`snapshot()` / `restore(state)` to return to an earlier position, `sample_next(ids, params, step)`, and for state
+`snapshot()` / `restore(state)` to return to an earlier position, `sample_next(ids, params, step)`,
+`decode_chain(token, params, step, limit)` (the ids after token, one per decode step), and for state
 files (engine/state.py) `state_layout`, `state_spec(n)`, `export_state()`, `import_state(state_file)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -72,6 +73,13 @@ class CpuRunner:
     def sample_next(self, ids: Sequence[int], params: SamplingParams, step: int) -> int:
         """Consume `ids` and choose the next token."""
         return sample(self.forward(ids, "last"), params, step)
+
+    def decode_chain(self, token: int, params: SamplingParams, step: int, limit: int) -> Iterator[int]:
+        """The next `limit` ids at most, each chosen after consuming the one before (`token` first), with steps
+        step, step + 1, ...: what sample_next gives one call at a time. Stop iterating at any point."""
+        for i in range(limit):
+            token = self.sample_next([token], params, step + i)
+            yield token
 
     # -- state files ---------------------------------------------------------------------------------------
 

@@ -119,6 +119,24 @@ class Graph:
             self.exec = 0
 
 
+class Event:
+    """A point in a stream's work that the host can wait for (no timing: cudaEventDisableTiming)."""
+
+    def __init__(self):
+        self.handle = rt_call("cudaEventCreateWithFlags", runtime().eventCreateWithFlags, 2)
+
+    def record(self, stream: int) -> None:
+        rt_call("cudaEventRecord", runtime().eventRecord, self.handle, stream)
+
+    def wait(self) -> None:
+        rt_call("cudaEventSynchronize", runtime().eventSynchronize, self.handle)
+
+    def destroy(self) -> None:
+        if self.handle:
+            rt_call("cudaEventDestroy", runtime().eventDestroy, self.handle)
+            self.handle = 0
+
+
 class Timer:
     """Device-side elapsed time between `start()` and `stop()` on a stream (ms)."""
 

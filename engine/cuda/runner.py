@@ -5,6 +5,10 @@ small device array written by one async copy, so a list can be captured once as 
 the decode step (model + LM head) is a graph from its first use; a prefill of n tokens becomes a graph the second
 time n is seen (one-off prompt lengths are launched directly, which costs less than a capture).
 REFLEX_CUDA_GRAPHS=0 launches everything directly (for debugging).
+
+Generation chains its decode steps on the device (`decode_chain`): each step's sampler writes the next step's input
+id and position, so the host queues REFLEX_DECODE_AHEAD steps (default 2) past the one whose id it waits for and the
+GPU never waits on the host between tokens.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ import contextlib
 import ctypes
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from engine.cuda import driver, memory
 from engine.cuda import k_sample as ks
 from engine.cuda.memory import DeviceArray
-from engine.errors import ContextOverflow, NonFiniteLogits, UnsupportedArchitecture
+from engine.errors import ContextOverflow, CudaError, NonFiniteLogits, UnsupportedArchitecture, env_int
 from engine.sampling import SamplingParams
 
 MAX_GRAPHS = 16  # prefill lengths kept as graphs (least recently used dropped)
+RING = 8  # decode_chain's id slots in page-locked host memory: steps in flight at most
+DECODE_AHEAD = min(env_int("REFLEX_DECODE_AHEAD", 2), RING - 1)  # steps queued past the one the host waits for
 
 
 class CudaRunner:
@@ -42,10 +48,18 @@ class CudaRunner:
         self._graphs: OrderedDict[object, memory.Graph] = OrderedDict()
         self._seen: set[int] = set()
         b = model.max_batch
-        # A page-locked host mirror of ctrl ([pos0, step, token out, -, ids...]), owned by this runner: registering
-        # a Python buffer instead would leave its pages registered after the runner is gone, for the next one to trip.
-        self._ctrl_pinned = memory.host_alloc(4 * (4 + b))
+        # A page-locked host mirror of ctrl ([pos0, step, token out, chain steps, ids...]) and decode_chain's ring of
+        # ids (RING,) i32, owned by this runner: registering a Python buffer instead would leave its pages registered
+        # after the runner is gone, for the next one to trip.
+        self._ctrl_pinned = memory.host_alloc(4 * (4 + b + RING))
         self._ctrl_host = (ctypes.c_int32 * (4 + b)).from_address(self._ctrl_pinned)
+        self._ring_ptr = self._ctrl_pinned + 4 * (4 + b)
+        self._ring = (ctypes.c_int32 * RING).from_address(self._ring_ptr)
+        self._events: list[memory.Event] = []  # one per chain step in flight, made on first use
+        # Recurrent layers (hybrids) cannot step back: after a chain that ran past the ids taken, their state is ahead
+        # of self.position until reset / restore / import_state.
+        self._recurrent = hasattr(model, "reset_state")
+        self._ahead = False
         self.vocab_ids = DeviceArray.empty((b,), "i4")  # (b,) i32 gathered LM-head rows
         self.gathered = DeviceArray.empty((b,), "f4")  # (b,) f32 gathered logits
         self.token = model.ctrl.view(2, (1,))  # the sampler's output
@@ -58,22 +72,27 @@ class CudaRunner:
                 memory.host_free(pinned)
                 for graph in self._graphs.values():
                     graph.destroy()
+                for event in self._events:
+                    event.destroy()
             self._ctrl_pinned = 0
 
     # -- sequence state ------------------------------------------------------------------------------------
 
     def reset(self) -> None:
         self.position = 0
+        self._ahead = False
         if hasattr(self.model, "reset_state"):  # recurrent layers start every sequence from zero state
             self.model.reset_state(self.stream)
 
     def snapshot(self) -> object:
         # K/V entries are indexed by position; recurrent state (hybrid models) is copied aside on the device.
+        self._in_step()
         saved = self.model.save_state(self.stream) if hasattr(self.model, "save_state") else None
         return self.position, saved
 
     def restore(self, state: object) -> None:
         self.position, saved = state
+        self._ahead = False
         if saved is not None:
             self.model.load_state(saved, self.stream)
 
@@ -82,7 +101,7 @@ class CudaRunner:
     def _upload_ctrl(self, ids: Sequence[int], step: int = 0) -> None:
         memory.synchronize(self.stream)  # the staging buffer may still be the source of the previous copy
         h = self._ctrl_host
-        h[0], h[1] = self.position, step
+        h[0], h[1], h[3] = self.position, step, 0
         for j, t in enumerate(ids):
             h[4 + j] = t
         memory.memcpy_async(self.model.ctrl.ptr, ctypes.addressof(h), 4 * (4 + len(ids)), memory.H2D, self.stream)
@@ -214,6 +233,53 @@ class CudaRunner:
             raise NonFiniteLogits()
         return token
 
+    def decode_chain(self, token: int, params: SamplingParams, step: int, limit: int) -> Iterator[int]:
+        """The ids sample_next would give one call at a time (consume `token` with step `step`, then each id with the
+        next step), at most `limit` of them, chained on the device: a step's sampler hands its id to the next step
+        (kernels/sample.cu), and DECODE_AHEAD more steps stay queued behind the one whose id the host waits for.
+        Iteration may stop at any point: the position is then that of the ids taken, and the steps queued past them
+        run out on the stream, writing cache rows past the position (which the next write replaces)."""
+        if limit < 1:
+            return
+        if self.position + limit > self.max_seq:
+            raise ContextOverflow(self.position + limit, self.max_seq, "the sequence")
+        driver.start_context(self.device)
+        self._writing()
+        while len(self._events) <= DECODE_AHEAD:
+            self._events.append(memory.Event())
+        row, chain = self.model.logits.view(0, (self.n_vocab,)), ks.Chain(self.model.ctrl, self._ring_ptr, RING)
+        if params.greedy:
+            sampler = ks.argmax(row, self.n_vocab, self.token, chain)
+        else:
+            sampler = ks.sample(row, self.n_vocab, params.temperature, params.top_k, params.top_p, params.seed,
+                                self.model.step, self.token, chain)  # fmt: skip
+        self._upload_ctrl([token], step)
+        queued = taken = 0
+        n_events = len(self._events)
+
+        def enqueue() -> None:
+            nonlocal queued
+            self._run("decode", self._decode_step, capture=True)
+            sampler(self.stream)
+            self._events[queued % n_events].record(self.stream)
+            queued += 1
+
+        try:
+            while queued < min(limit, DECODE_AHEAD + 1):
+                enqueue()
+            while taken < limit:
+                self._events[taken % n_events].wait()
+                token = int(self._ring[taken % RING])  # read before the slot's next step is queued
+                taken += 1
+                self.position += 1
+                if token < 0:  # the sampler's mark for NaN or infinite logits
+                    raise NonFiniteLogits()
+                if queued < limit:
+                    enqueue()
+                yield token
+        finally:
+            self._ahead = self._recurrent and queued > taken
+
     def decode_launches(self, token: int) -> list:
         """The launches of one decode step for `token` at the current position, its inputs uploaded, nothing run and
         the position not advanced (engine/tools/profile.py times them one by one)."""
@@ -233,8 +299,14 @@ class CudaRunner:
 
     # -- state files (engine/state.py) -------------------------------------------------------------------------
 
+    def _in_step(self) -> None:
+        if self._ahead:
+            raise CudaError("the recurrent state ran past the sequence's position (a decode chain stopped early): "
+                            "reset or restore the sequence first")  # fmt: skip
+
     def _writing(self) -> None:
         """Tokens are about to be written at self.position: rows of a resident state from there on are gone."""
+        self._in_step()
         if self._resident is not None and self.position < self._resident.n_positions:
             self._resident = None
 
@@ -257,6 +329,7 @@ class CudaRunner:
         from engine import state
 
         self.state_layout  # noqa: B018
+        self._in_step()
         driver.start_context(self.device)
         for launch in getattr(self.model, "state_export_launches", list)():  # state kept in another order, staged
             launch(self.stream)
@@ -291,3 +364,4 @@ class CudaRunner:
         memory.synchronize(self.stream)
         self._resident = sf
         self.position = n
+        self._ahead = False

@@ -1,7 +1,8 @@
 """`python -m engine bench MODEL`: warm latency and throughput in this process, cold start over fresh processes.
 
 Warm: system1 (a ~10-token prompt, 3 candidates), prefill at 16 and 512 tokens, decode over 128 tokens (EOS
-ignored), each after warm-up, as medians and p95 over repeats, with achieved weight bandwidth beside tokens/s.
+ignored; chained as generate runs it, and one step at a time beside it), each after warm-up, as medians and p95
+over repeats, with achieved weight bandwidth beside tokens/s.
 Cold: N fresh `python -m engine system1|generate` processes; each one's own phase breakdown plus the wall clock
 seen from outside (process spawn to exit), the GPU energy and peak memory it took, p50 / p95 per phase.
 `--peer llama.cpp=BUILD_DIR`: the same file through llama.cpp, interleaved with ours (engine/tools/peer.py), and the
@@ -67,19 +68,26 @@ def warm(engine, repeats: int = 20) -> dict:
     n_decode = min(128, engine.max_seq - 16)
     greedy = SamplingParams.make(0.0)
 
-    def decode():
+    def decode(chained: bool) -> float:
+        """ms per token over n_decode - 1 steps after a 16-token prompt: chained as generate runs them
+        (decode_chain), or one step and its id back at a time (sample_next)."""
         runner.reset()
         tok = runner.sample_next(ids[:16], greedy, 0)
         t0 = time.perf_counter()
-        for step in range(1, n_decode):
-            tok = runner.sample_next([tok], greedy, step)
+        if chained:
+            for _ in runner.decode_chain(tok, greedy, 1, n_decode - 1):
+                pass
+        else:
+            for step in range(1, n_decode):
+                tok = runner.sample_next([tok], greedy, step)
         return (time.perf_counter() - t0) * 1000.0 / (n_decode - 1)
 
-    decode()
-    per_token = [decode() for _ in range(max(3, repeats // 4))]
-    ms = statistics.median(per_token)
-    res["decode"] = {"tokens": n_decode, "ms_per_token": _summary(per_token), "tokens_per_s": round(1000.0 / ms, 1),
-                     "weight_gb_per_s": round(weights_bytes / (ms / 1000.0) / 1e9, 1)}  # fmt: skip
+    decode(True), decode(False)
+    runs = [(decode(True), decode(False)) for _ in range(max(3, repeats // 4))]  # interleaved
+    for key, per_token in (("decode", [a for a, _ in runs]), ("decode_single_steps", [b for _, b in runs])):
+        ms = statistics.median(per_token)
+        res[key] = {"tokens": n_decode, "ms_per_token": _summary(per_token), "tokens_per_s": round(1000.0 / ms, 1),
+                    "weight_gb_per_s": round(weights_bytes / (ms / 1000.0) / 1e9, 1)}  # fmt: skip
     return res
 
 
