@@ -109,5 +109,6 @@ def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
         "buffers_ms": build_sw.ms,
         "weights_mib": weights.n_bytes / 2**20,
         "kv_cache_mib": model.kv_cache_bytes / 2**20,
+        "kv_cache_mapped_mib": sum(c.mapped_bytes for c in model.caches) / 2**20,  # engine/cuda/vmm.py
     }
     return runner, phases

@@ -175,6 +175,11 @@ def _attribute(lib: ctypes.CDLL, attribute: int, device: int) -> int:
     return value.value
 
 
+def attribute(attribute: int, device: int = 0) -> int:
+    """cuDeviceGetAttribute(attribute) of `device`."""
+    return _attribute(libcuda(), attribute, device)
+
+
 def device_info(device: int = 0) -> dict:
     lib = libcuda()
     name = ctypes.create_string_buffer(256)

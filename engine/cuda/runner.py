@@ -20,7 +20,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
-from engine.cuda import driver, memory
+from engine.cuda import driver, memory, vmm
 from engine.cuda import k_sample as ks
 from engine.cuda.memory import DeviceArray
 from engine.errors import ContextOverflow, CudaError, NonFiniteLogits, UnsupportedArchitecture, env_int
@@ -154,9 +154,7 @@ class CudaRunner:
     def forward(self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | None = None):
         """As CpuRunner.forward: consume ids, return none / last-row / every-row logits, full or gathered."""
         n = len(ids)
-        if self.position + n > self.max_seq:
-            raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
-        driver.start_context(self.device)
+        self._room(n)
         self._writing()
         b, rows_out = self.model.max_batch, []
         for at in range(0, n, b):
@@ -206,9 +204,7 @@ class CudaRunner:
     def sample_next(self, ids: Sequence[int], params: SamplingParams, step: int) -> int:
         """Consume ids and choose the next token on the device; only the token id comes back."""
         n = len(ids)
-        if self.position + n > self.max_seq:
-            raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
-        driver.start_context(self.device)
+        self._room(n)
         self._writing()
         if n == 1:  # the decode step: model and LM head as one graph
             self._upload_ctrl(ids, step)
@@ -241,16 +237,19 @@ class CudaRunner:
         run out on the stream, writing cache rows past the position (which the next write replaces)."""
         if limit < 1:
             return
-        if self.position + limit > self.max_seq:
-            raise ContextOverflow(self.position + limit, self.max_seq, "the sequence")
-        driver.start_context(self.device)
+        self._room(limit)
         self._writing()
         while len(self._events) <= DECODE_AHEAD:
             self._events.append(memory.Event())
         row, chain = self.model.logits.view(0, (self.n_vocab,)), ks.Chain(self.model.ctrl, self._ring_ptr, RING)
-        if params.greedy:
-            sampler = ks.argmax(row, self.n_vocab, self.token, chain)
-        else:
+        if params.greedy:  # argmax has no parameters: one graph for the whole step, sampler included
+            key, build, sampler = (
+                "chain",
+                lambda: self._decode_step([ks.argmax(row, self.n_vocab, self.token, chain)]),
+                None,
+            )
+        else:  # a draw's parameters vary by request: launched after the decode step's graph
+            key, build = "decode", self._decode_step
             sampler = ks.sample(row, self.n_vocab, params.temperature, params.top_k, params.top_p, params.seed,
                                 self.model.step, self.token, chain)  # fmt: skip
         self._upload_ctrl([token], step)
@@ -259,8 +258,9 @@ class CudaRunner:
 
         def enqueue() -> None:
             nonlocal queued
-            self._run("decode", self._decode_step, capture=True)
-            sampler(self.stream)
+            self._run(key, build, capture=True)
+            if sampler is not None:
+                sampler(self.stream)
             self._events[queued % n_events].record(self.stream)
             queued += 1
 
@@ -283,14 +283,15 @@ class CudaRunner:
     def decode_launches(self, token: int) -> list:
         """The launches of one decode step for `token` at the current position, its inputs uploaded, nothing run and
         the position not advanced (engine/tools/profile.py times them one by one)."""
-        driver.start_context(self.device)
+        self._room(1)
         self._upload_ctrl([token])
         memory.synchronize(self.stream)
         return self._decode_step()
 
-    def _decode_step(self) -> list:
-        """The model and the LM head for one token, as programmatic dependent launches (driver.programmatic)."""
-        return driver.programmatic(self.model.forward(1) + self.model.head_logits(0, 1))
+    def _decode_step(self, then: Sequence = ()) -> list:
+        """The model and the LM head for one token (and `then`), as programmatic dependent launches
+        (driver.programmatic)."""
+        return driver.programmatic(self.model.forward(1) + self.model.head_logits(0, 1) + list(then))
 
     def _set_step(self, step: int) -> None:
         memory.synchronize(self.stream)
@@ -298,6 +299,13 @@ class CudaRunner:
         memory.memcpy_async(self.model.step.ptr, ctypes.addressof(self._ctrl_host) + 4, 4, memory.H2D, self.stream)
 
     # -- state files (engine/state.py) -------------------------------------------------------------------------
+
+    def _room(self, n: int) -> None:
+        """n more positions fit, and the caches have memory for them (engine/cuda/vmm.py), before anything runs."""
+        if self.position + n > self.max_seq:
+            raise ContextOverflow(self.position + n, self.max_seq, "the sequence")
+        driver.start_context(self.device)
+        vmm.ensure_rows(self.model.caches, self.position + n)
 
     def _in_step(self) -> None:
         if self._ahead:
@@ -351,6 +359,7 @@ class CudaRunner:
         driver.start_context(self.device)
         memory.synchronize(self.stream)
         n = sf.n_positions
+        vmm.ensure_rows(self.model.caches, n)
         for name, _, runs, positional in self.model.state_arrays(n):
             if positional and self._resident is sf:
                 continue

@@ -21,6 +21,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
+from engine.cuda import vmm
 from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, passes, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -90,8 +91,9 @@ class CudaModel:
         self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
-        self.k_cache = DeviceArray.empty(kv_k)  # (layers, max_seq, KVH, hd) f32
-        self.v_cache = DeviceArray.empty(kv_v)  # (layers, max_seq, KVH, vd) f32
+        self.k_cache = vmm.cache(kv_k)  # (layers, max_seq, KVH, hd) f32, rows mapped by need
+        self.v_cache = vmm.cache(kv_v)  # (layers, max_seq, KVH, vd) f32, rows mapped by need
+        self.caches = (self.k_cache, self.v_cache)
         self.logits = DeviceArray.empty((logit_rows(c.n_vocab), c.n_vocab))  # (rows, n_vocab) f32
         self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
 

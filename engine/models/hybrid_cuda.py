@@ -29,7 +29,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
-from engine.cuda import memory
+from engine.cuda import memory, vmm
 from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -139,8 +139,9 @@ class CudaModel:
         self.part_o = DeviceArray.empty((c.n_heads, N_SPLITS, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, N_SPLITS, 2))  # (H, splits, 2) f32
         self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
-        self.k_cache = DeviceArray.empty((n_attn, self.max_seq, c.n_kv_heads, c.head_dim))  # f32
-        self.v_cache = DeviceArray.empty((n_attn, self.max_seq, c.n_kv_heads, c.value_dim))  # f32
+        self.k_cache = vmm.cache((n_attn, self.max_seq, c.n_kv_heads, c.head_dim))  # f32, rows mapped by need
+        self.v_cache = vmm.cache((n_attn, self.max_seq, c.n_kv_heads, c.value_dim))  # f32, rows mapped by need
+        self.caches = (self.k_cache, self.v_cache)
         # Gated DeltaNet.
         value_dim = g.n_v_heads * g.head_v_dim
         self.qkv = DeviceArray.empty((b, g.conv_dim))  # (b, conv_dim) f32: conv inputs [q | k | v]

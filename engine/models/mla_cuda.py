@@ -27,6 +27,7 @@ from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_mla as kmla
 from engine.cuda import k_norm_rope as knr
+from engine.cuda import vmm
 from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -135,7 +136,8 @@ class CudaModel:
         self.hb2 = DeviceArray.empty((b, hidden))  # (b, hidden) f32, only when gate/up types differ
         self.part_o = DeviceArray.empty((H, N_SPLITS, R))  # (H, splits, R) f32
         self.part_ml = DeviceArray.empty((H, N_SPLITS, 2))  # (H, splits, 2) f32
-        self.cache = DeviceArray.empty((c.n_layers, self.max_seq, D))  # (layers, max_seq, R+rope) f32
+        self.cache = vmm.cache((c.n_layers, self.max_seq, D))  # (layers, max_seq, R+rope) f32, rows mapped by need
+        self.caches = (self.cache,)
         self.logits = DeviceArray.empty((dense_cuda.logit_rows(c.n_vocab), c.n_vocab))  # (rows, n_vocab) f32
         self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
 
