@@ -127,10 +127,10 @@ class ByNeedArray(DeviceArray):
                                  ctypes.c_size_t(1)), "cuMemSetAccess")  # fmt: skip
         self._pages.update(range(page, page + n))
 
-    def fill_byte(self, value: int) -> None:
+    def _host_side(self, *_) -> None:
         raise CudaError("a by-need cache is read and written by kernels only (its unmapped rows have no memory)")
 
-    to_host = copy_from_host = fill_byte
+    fill_byte = to_host = copy_from_host = _host_side
 
     def free(self) -> None:
         if not self.ptr:
