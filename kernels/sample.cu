@@ -234,7 +234,7 @@ argmax_f32(const float* __restrict__ logits, int V, int* out, int* chain, int* r
     pdl::begin();
     __shared__ float fred[32];
     __shared__ int ired[32];
-    const int a = block_argmax<8>(logits, V, fred, ired);
+    const int a = block_argmax(logits, V, fred, ired);
     if (threadIdx.x == 0) *out = a, hand_off(a, chain, ring, ring_len);
 }
 

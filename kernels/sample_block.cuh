@@ -37,8 +37,7 @@ __device__ __forceinline__ void load4(const float* __restrict__ x, int i, int V,
 }
 
 // fn(ok, id, x) for every logit with the block converged, 4Q per thread per round (Q = 2: 32 KiB in flight; more
-// would not fit the sampler's passes in 64 registers; argmax alone fits Q = 8): thread t reads quads 4t + 4*NT*q of
-// each round. ok is false past V.
+// would not fit 64 registers): thread t reads quads 4t + 4*NT*q of each round. ok is false past V.
 template <int Q = 2, class Fn>
 __device__ __forceinline__ void stream(const float* __restrict__ logits, int V, Fn fn) {
     const bool vec = (reinterpret_cast<uintptr_t>(logits) & 15) == 0;
@@ -68,14 +67,12 @@ __device__ __forceinline__ bool better(float a, int ia, float b, int ib) {
 __device__ __forceinline__ bool nonfinite(float x) { return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u; }
 
 // Every thread returns the block-wide result, or -1 when any logit is not finite (a broken model: no token is
-// chosen from NaNs). fred / ired: 32 entries each of shared memory. Q: stream's quads a thread a round (argmax_f32
-// takes 8, 128 KiB in flight: 5 rounds of loads over Qwen3's 151,936 logits instead of 19, in 60 registers).
-template <int Q = 2>
+// chosen from NaNs). fred / ired: 32 entries each of shared memory.
 __device__ int block_argmax(const float* __restrict__ logits, int V, float* fred, int* ired) {
     float bv = neg_inf();
     int bi = V;  // beaten by any real element, -inf included
     bool bad = false;
-    stream<Q>(logits, V, [&](bool ok, int i, float x) {
+    stream(logits, V, [&](bool ok, int i, float x) {
         bad |= ok && nonfinite(x);
         if (ok && better(x, i, bv, bi)) bv = x, bi = i;
     });
