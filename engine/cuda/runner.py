@@ -81,7 +81,7 @@ class CudaRunner:
     def reset(self) -> None:
         self.position = 0
         self._ahead = False
-        if hasattr(self.model, "reset_state"):  # recurrent layers start every sequence from zero state
+        if self._recurrent:  # recurrent layers start every sequence from zero state
             self.model.reset_state(self.stream)
 
     def snapshot(self) -> object:
@@ -242,14 +242,14 @@ class CudaRunner:
         while len(self._events) <= DECODE_AHEAD:
             self._events.append(memory.Event())
         row, chain = self.model.logits.view(0, (self.n_vocab,)), ks.Chain(self.model.ctrl, self._ring_ptr, RING)
+
+        def greedy_step() -> list:
+            return self._decode_step([ks.argmax(row, self.n_vocab, self.token, chain)])
+
+        key, build, sampler = "decode", self._decode_step, None
         if params.greedy:  # argmax has no parameters: one graph for the whole step, sampler included
-            key, build, sampler = (
-                "chain",
-                lambda: self._decode_step([ks.argmax(row, self.n_vocab, self.token, chain)]),
-                None,
-            )
+            key, build = "chain", greedy_step
         else:  # a draw's parameters vary by request: launched after the decode step's graph
-            key, build = "decode", self._decode_step
             sampler = ks.sample(row, self.n_vocab, params.temperature, params.top_k, params.top_p, params.seed,
                                 self.model.step, self.token, chain)  # fmt: skip
         self._upload_ctrl([token], step)
@@ -293,13 +293,6 @@ class CudaRunner:
         (driver.programmatic)."""
         return driver.programmatic(self.model.forward(1) + self.model.head_logits(0, 1) + list(then))
 
-    def _set_step(self, step: int) -> None:
-        memory.synchronize(self.stream)
-        self._ctrl_host[1] = step
-        memory.memcpy_async(self.model.step.ptr, ctypes.addressof(self._ctrl_host) + 4, 4, memory.H2D, self.stream)
-
-    # -- state files (engine/state.py) -------------------------------------------------------------------------
-
     def _room(self, n: int) -> None:
         """n more positions fit, and the caches have memory for them (engine/cuda/vmm.py), before anything runs."""
         if self.position + n > self.max_seq:
@@ -311,6 +304,13 @@ class CudaRunner:
         if self._ahead:
             raise CudaError("the recurrent state ran past the sequence's position (a decode chain stopped early): "
                             "reset or restore the sequence first")  # fmt: skip
+
+    def _set_step(self, step: int) -> None:
+        memory.synchronize(self.stream)
+        self._ctrl_host[1] = step
+        memory.memcpy_async(self.model.step.ptr, ctypes.addressof(self._ctrl_host) + 4, 4, memory.H2D, self.stream)
+
+    # -- state files (engine/state.py) -------------------------------------------------------------------------
 
     def _writing(self) -> None:
         """Tokens are about to be written at self.position: rows of a resident state from there on are gone."""
