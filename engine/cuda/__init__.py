@@ -96,7 +96,7 @@ def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     with Stopwatch() as wait_sw:
         context_ms = context.wait()
     stream = memory.stream_create()
-    weights = DeviceWeights(gf, stream)
+    weights = DeviceWeights(gf, stream, context.device)
     family = importlib.import_module(f"engine.models.{row.cuda_module}")
     max_batch = env_int("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH, minimum=1)
     with Stopwatch() as build_sw:

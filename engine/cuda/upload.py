@@ -1,9 +1,13 @@
 """Weights to the device in one copy: the GGUF tensor data section, unchanged, in one allocation.
 
 The file is mapped read-only with libc's mmap and the mapping is page-locked in place (cudaHostRegister, read-only
-flag), so a single DMA copy moves it at full PCIe speed without a pinned staging buffer; where registering fails
-(some containers) the copy runs from pageable memory instead. Each tensor is then a pointer into the allocation
-at its offset in the file, so quantized blocks reach the kernels exactly as llama.cpp's files store them.
+flag), so DMA copies move it at full PCIe speed without a pinned staging buffer. Locking costs about as long as the
+copy (an H200 host, 17.7 GB from the page cache: 620 ms to lock, then 540 ms to copy, one after the other), so the
+section goes in pieces of CHUNK_BYTES: `REFLEX_UPLOAD_THREADS` threads lock pieces in file order while the stream
+copies those already locked, and the locks are released, again on those threads, once the copies are done. Where
+locking fails (some containers) the remaining pieces are copied from pageable memory instead. Each tensor is then a
+pointer into the allocation at its offset in the file, so quantized blocks reach the kernels exactly as llama.cpp's
+files store them.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import contextlib
 import ctypes
 import logging
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from engine.cuda import memory
-from engine.errors import CudaError
+from engine.cuda import driver, memory
+from engine.errors import CudaError, env_int
 from engine.gguf import GGUFFile, TensorInfo
 from engine.quants import BLOCK_SIZES
 from engine.timing import Stopwatch
@@ -23,13 +29,17 @@ log = logging.getLogger(__name__)
 
 _PROT_READ, _MAP_SHARED = 1, 1
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+CHUNK_BYTES = 256 << 20  # a piece locked and copied at a time (a multiple of the page size)
+DEFAULT_UPLOAD_THREADS = 2  # threads locking pieces; 0: copy from pageable memory, nothing locked
 
 
 class DeviceWeights:
     """The tensor data section of `gf` on the device: `.ptr(name)`, `.matrix(name)`; upload timings in `.stats`."""
 
-    def __init__(self, gf: GGUFFile, stream: int):
+    def __init__(self, gf: GGUFFile, stream: int, device: int = 0):
         self.gf = gf
+        self.device = device  # the locking threads make its primary context current
         start = gf.data_offset
         self.n_bytes = max(0, gf.size - start)
         self.base = memory.malloc(self.n_bytes)
@@ -51,20 +61,66 @@ class DeviceWeights:
         if addr in (None, _MAP_FAILED):
             raise CudaError(f"mmap of {self.gf.path} failed (errno {ctypes.get_errno()})")
         try:
-            with Stopwatch() as reg:
-                try:
-                    memory.host_register(addr, self.gf.size)
-                    registered = True
-                except CudaError as e:
-                    log.info("copying from pageable memory: %s", e)
-                    registered = False
-            self.stats.update(host_register_ms=reg.ms, registered=registered)
-            memory.memcpy_async(self.base, addr + start, self.n_bytes, memory.H2D, stream)
-            memory.synchronize(stream)
-            if registered:
-                memory.host_unregister(addr)
+            self._pipeline(addr, start, stream)
         finally:
             libc.munmap(addr, self.gf.size)
+
+    def _pipeline(self, addr: int, start: int, stream: int) -> None:
+        """Copy file bytes [start, size) at `addr` to the allocation, locking pieces ahead of the copies."""
+        first = start - start % _PAGE  # pieces are page-aligned within the mapping
+        pieces = [(a, min(a + CHUNK_BYTES, self.gf.size)) for a in range(first, self.gf.size, CHUNK_BYTES)]
+        threads = env_int("REFLEX_UPLOAD_THREADS", DEFAULT_UPLOAD_THREADS)
+        refused = threading.Event()  # set at the first failed lock: the pieces after it are not tried
+        lock_ms: list[float] = []
+
+        def lock(a: int, b: int) -> bool:
+            if refused.is_set():
+                return False
+            with Stopwatch() as sw:
+                try:
+                    memory.host_register(addr + a, b - a)
+                except CudaError as e:
+                    log.info("copying from pageable memory: %s", e)
+                    refused.set()
+                    return False
+            lock_ms.append(sw.ms)
+            return True
+
+        def release(a: int, copied: memory.Event) -> None:  # once the piece's copy has run
+            try:
+                copied.wait()
+            finally:
+                copied.destroy()
+                memory.host_unregister(addr + a)
+
+        pool = None
+        if threads and pieces:
+            pool = ThreadPoolExecutor(threads, "upload", initializer=driver.start_context, initargs=(self.device,))
+        locks = [pool.submit(lock, a, b) for a, b in pieces] if pool else []
+        releases: dict[int, Future] = {}  # piece start -> its release, submitted once its copy is queued
+        done = False
+        try:
+            for i, (a, b) in enumerate(pieces):
+                is_locked = bool(locks) and locks[i].result()  # locked, or refused: either way the piece can go
+                lo = max(a, start)
+                memory.memcpy_async(self.base + (lo - start), addr + lo, b - lo, memory.H2D, stream)
+                if is_locked:
+                    copied = memory.Event()
+                    copied.record(stream)
+                    releases[a] = pool.submit(release, a, copied)
+            memory.synchronize(stream)
+            done = True
+        finally:
+            if pool:  # every lock taken is released, also when a copy failed
+                for (a, _), f in zip(pieces, locks, strict=True):
+                    if a not in releases and f.exception() is None and f.result():
+                        releases[a] = pool.submit(memory.host_unregister, addr + a)
+                pool.shutdown()
+        if done:
+            for r in releases.values():
+                r.result()  # a failed unlock is an error of the load
+        self.stats.update(host_register_ms=sum(lock_ms), registered=bool(pieces) and len(lock_ms) == len(pieces),
+                          upload_pieces=len(pieces))  # fmt: skip
 
     def ptr(self, info: TensorInfo) -> int:
         return self.base + (info.offset - self.gf.data_offset)
