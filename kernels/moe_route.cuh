@@ -122,22 +122,39 @@ __device__ __forceinline__ void route_token(int t, const float* __restrict__ log
     const int tid = threadIdx.x;
     const float* z = logits + (long long)t * E;
 
-    // probs = softmax(z) = exp(z - max) / sum, or sigmoid(z) = 1 / (1 + exp(-z)), as engine/cpu/ops.py.
+    // probs = softmax(z) = exp(z - max) / sum, or sigmoid(z) = 1 / (1 + exp(-z)), as engine/cpu/ops.py. Each
+    // thread's logits (e = tid + 256 j) are read once, together.
+    constexpr int EPT = MAX_EXPERTS / ROUTE_THREADS;
+    float zv[EPT], bv[EPT];
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) {
+        const int e = tid + ROUTE_THREADS * j;
+        zv[j] = e < E ? ld_logit<CG>(z + e) : -INFINITY;
+        bv[j] = bias && e < E ? bias[e] : 0.f;
+    }
     float m = -INFINITY, s = 0.f;
     if (!sigmoid) {
-        for (int e = tid; e < E; e += ROUTE_THREADS) m = fmaxf(m, ld_logit<CG>(z + e));
+#pragma unroll
+        for (int j = 0; j < EPT; ++j) m = fmaxf(m, zv[j]);
         m = block_max<NW>(m, scratch);
     }
-    for (int e = tid; e < E; e += ROUTE_THREADS) {
-        const float ze = ld_logit<CG>(z + e), p = sigmoid ? 1.f / (1.f + expf(-ze)) : expf(ze - m);
-        prob[e] = p;
-        s += p;
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) {
+        if (tid + ROUTE_THREADS * j < E) {
+            zv[j] = sigmoid ? 1.f / (1.f + expf(-zv[j])) : expf(zv[j] - m);  // zv now holds the probabilities
+            s += zv[j];
+        }
     }
-    if (!sigmoid) {
-        s = cm::block_sum<NW>(s, scratch);
-        for (int e = tid; e < E; e += ROUTE_THREADS) prob[e] = prob[e] / s;  // each thread its own entries
+    if (!sigmoid) s = cm::block_sum<NW>(s, scratch);
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) {
+        const int e = tid + ROUTE_THREADS * j;
+        if (e < E) {
+            const float p = sigmoid ? zv[j] : zv[j] / s;
+            prob[e] = p;
+            sel[e] = bias ? p + bv[j] : p;
+        }
     }
-    for (int e = tid; e < E; e += ROUTE_THREADS) sel[e] = bias ? prob[e] + bias[e] : prob[e];
     __syncthreads();
     if (n_groups > 1) drop_groups(sel, E, n_groups, n_groups_used, gscore, gdrop);
     top_k(sel, E, k, chosen);  // k <= E: every slot is filled
@@ -173,7 +190,7 @@ __device__ __forceinline__ void route_token(int t, const float* __restrict__ log
 // each, measured 12.1 us: the route after the ticket, one block on one SM, is most of the launch).
 constexpr int ROUTE_MAX_DIM = 8192;  // xn in shared memory
 
-__device__ __forceinline__ void route_decode(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+__device__ __forceinline__ void route_decode(const float* x, const float* __restrict__ norm_w, float eps,
                                              int dim, const float* __restrict__ W, int E, int k, int sigmoid,
                                              const float* __restrict__ bias, int n_groups, int n_groups_used,
                                              int norm, float scale, const float* __restrict__ gate_shexp,
@@ -194,22 +211,38 @@ __device__ __forceinline__ void route_decode(const float* __restrict__ x, const 
         const int c = 4 * lane + 128 * u;
         wv[u] = wr && c < dim ? *reinterpret_cast<const float4*>(wr + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    pdl::wait();  // x is the kernel before's output
-    float ss = 0.f;
-    for (int i = tid; i < dim; i += ROUTE_THREADS) {
-        const float v = x[i];
-        ss = fmaf(v, v, ss);
+    // Each thread's values of x and norm_w, i = tid + 256 j (the order of rmsnorm_rows' sums), all loads issued at
+    // once: in loops, each round trip to L2 waited for the one before (x, then x and norm_w again for xn). x is not
+    // __restrict__: read-only (.nc) loads of it, unrolled like this, may be scheduled above the wait (pdl.cuh).
+    float xv[ROUTE_MAX_DIM / ROUTE_THREADS], nv[ROUTE_MAX_DIM / ROUTE_THREADS];
+#pragma unroll
+    for (int j = 0; j < ROUTE_MAX_DIM / ROUTE_THREADS; ++j) {
+        const int i = tid + ROUTE_THREADS * j;
+        nv[j] = i < dim ? norm_w[i] : 0.f;  // a weight: read before the wait
     }
+    pdl::wait();  // x is the kernel before's output
+#pragma unroll
+    for (int j = 0; j < ROUTE_MAX_DIM / ROUTE_THREADS; ++j) {
+        const int i = tid + ROUTE_THREADS * j;
+        xv[j] = i < dim ? x[i] : 0.f;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < ROUTE_MAX_DIM / ROUTE_THREADS; ++j) ss = fmaf(xv[j], xv[j], ss);  // zeros past dim
     ss = cm::warp_sum(ss);
     if (lane == 0) red[warp] = ss;
     __syncthreads();
     ss = cm::warp_sum(lane < NW ? red[lane] : 0.f);
     const float r = 1.0f / sqrtf(ss / float(dim) + eps);  // not rsqrtf: as rmsnorm_rows
     const int share = (dim + gridDim.x - 1) / gridDim.x, c0 = blockIdx.x * share;
-    for (int i = tid; i < dim; i += ROUTE_THREADS) {
-        const float v = (x[i] * r) * norm_w[i];
-        xs[i] = v;
-        if (i - c0 >= 0 && i - c0 < share) xn[i] = v;
+#pragma unroll
+    for (int j = 0; j < ROUTE_MAX_DIM / ROUTE_THREADS; ++j) {
+        const int i = tid + ROUTE_THREADS * j;
+        if (i < dim) {
+            const float v = (xv[j] * r) * nv[j];
+            xs[i] = v;
+            if (i - c0 >= 0 && i - c0 < share) xn[i] = v;
+        }
     }
     __syncthreads();
 

@@ -28,24 +28,37 @@ __device__ __forceinline__ float block_sum_256(float v, float* red) {
 // (ext_factor != 0) the angle mixes back the unscaled one, a * (1 - mix) + p * inv * mix with
 // mix = ext_factor * (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) (high-frequency pairs keep their angle); cos
 // and sin are multiplied by mscale. Float32 powf / sincosf (accurate library versions, not the intrinsics). Without
-// YaRN and with mscale 1 every value is bit-identical to the plain formula (x * 1.0f is exact).
+// YaRN and with mscale 1 every value is bit-identical to the plain formula (x * 1.0f is exact). rope_table is
+// rope_inv then rope_pair for each pair; qk_rope_kv calls the two apart.
+//
+// The position-free part of pair i's angle: theta^(-2i / rope_dim) / freq_factors[i] (freq_factors is a weight).
+__device__ __forceinline__ float rope_inv(int i, int rope_dim, float theta, const float* __restrict__ freq_factors) {
+    float inv = powf(theta, -2.0f * float(i) / float(rope_dim));
+    if (freq_factors) inv /= freq_factors[i];
+    return inv;
+}
+
+// cos / sin of pair i at position p from its rope_inv into cs[i] / sn[i].
+__device__ __forceinline__ void rope_pair(int i, float inv, int p, float freq_scale, float ext_factor, float corr_lo,
+                                          float corr_hi, float mscale, float* cs, float* sn) {
+    float a = float(p) * freq_scale * inv;
+    if (ext_factor != 0.0f) {
+        const float ramp = fminf(fmaxf((float(i) - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo), 0.0f), 1.0f);
+        const float mix = ext_factor * (1.0f - ramp);
+        a = a * (1.0f - mix) + float(p) * inv * mix;
+    }
+    float s, c;
+    sincosf(a, &s, &c);
+    sn[i] = s * mscale;
+    cs[i] = c * mscale;
+}
+
 __device__ __forceinline__ void rope_table(int p, int rope_dim, float theta, float freq_scale, float ext_factor,
                                            float corr_lo, float corr_hi, float mscale,
                                            const float* __restrict__ freq_factors, float* cs, float* sn) {
-    for (int i = threadIdx.x; i < (rope_dim >> 1); i += blockDim.x) {
-        float inv = powf(theta, -2.0f * float(i) / float(rope_dim));
-        if (freq_factors) inv /= freq_factors[i];
-        float a = float(p) * freq_scale * inv;
-        if (ext_factor != 0.0f) {
-            const float ramp = fminf(fmaxf((float(i) - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo), 0.0f), 1.0f);
-            const float mix = ext_factor * (1.0f - ramp);
-            a = a * (1.0f - mix) + float(p) * inv * mix;
-        }
-        float s, c;
-        sincosf(a, &s, &c);
-        sn[i] = s * mscale;
-        cs[i] = c * mscale;
-    }
+    for (int i = threadIdx.x; i < (rope_dim >> 1); i += blockDim.x)
+        rope_pair(i, rope_inv(i, rope_dim, theta, freq_factors), p, freq_scale, ext_factor, corr_lo, corr_hi, mscale,
+                  cs, sn);
 }
 
 // Element j < rope_dim of x rotated with normal pairs (2i, 2i + 1) (the pairs deepseek2 uses).
@@ -79,46 +92,57 @@ rmsnorm_rows(const float* x, const float* __restrict__ w, float eps, float* y, i
 
 // Block (c, t) = 8 warps on token t (at position p = *pos + t), grid (ceil((H + KVH) / 8), n): warp w takes head slot
 // hh = 8c + w of [0, H + KVH), a q head (hh < H, rewritten in place) or a k head (written to k_cache[p, hh - H, :]),
-// so the heads of a token go in parallel, one memory round trip each. A warp copies its head (<= 256 values) into
-// its own shared row, optionally RMS-normalises it there, then writes the rotated values: rotation partners are read
-// back from the shared row, so in-place q works without a block barrier. The blocks of token t share out the copy of
-// v to v_cache[p], unchanged. Every block builds the same cos / sin table, so results do not depend on the split.
+// so the heads of a token go in parallel, one memory round trip each. A lane loads its values of the head (<= 256)
+// together with the position, optionally RMS-normalises them, and puts them in the warp's shared row; after the
+// block's one barrier (the cos / sin table) the warp writes the rotated values, reading rotation partners back from
+// the row, so in-place q is safe. The norm weights and the position-free part of each angle (rope_inv) come before
+// the wait (pdl.cuh), beside the kernel before's end. The blocks of token t share out the copy of v to v_cache[p],
+// unchanged. Every block builds the same cos / sin table, so results do not depend on the split.
 extern "C" __global__ void __launch_bounds__(256)
-qk_rope_kv(float* q, const float* __restrict__ k, const float* __restrict__ v, int n, int H, int KVH, int hd, int vd,
+qk_rope_kv(float* q, const float* k, const float* v, int n, int H, int KVH, int hd, int vd,
            const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int rope_dim, float theta,
            float freq_scale, float ext_factor, float corr_lo, float corr_hi, float mscale,
-           const float* __restrict__ freq_factors, int rope_neox, const int* __restrict__ pos,
+           const float* __restrict__ freq_factors, int rope_neox, const int* pos,
            float* __restrict__ k_cache, float* __restrict__ v_cache) {
-    pdl::begin();
+    pdl::launch_dependents();
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
     __shared__ float row[8][256];       // one head per warp
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int p = *pos + t;
     const int half = rope_dim >> 1;
-
-    rope_table(p, rope_dim, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, freq_factors, cs, sn);
-    __syncthreads();
+    const int hh = blockIdx.x * 8 + warp;
+    const bool active = hh < H + KVH, is_q = hh < H;
+    const int head = is_q ? hh : hh - H;
+    const float* nw = is_q ? q_norm : k_norm;
+    // Before the wait (pdl.cuh), what needs no activation: this thread's pair angle without the position, and the
+    // lane's norm weights (values j = lane + 32 u of the head, hd <= 256).
+    const float inv = threadIdx.x < half ? rope_inv(threadIdx.x, rope_dim, theta, freq_factors) : 0.f;
+    float wv[8], xv[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) wv[u] = active && nw && lane + 32 * u < hd ? nw[lane + 32 * u] : 0.f;
+    pdl::wait();
+    const int p = *pos + t;
+    const float* src = is_q ? q + ((long long)t * H + head) * hd : k + ((long long)t * KVH + head) * hd;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) xv[u] = active && lane + 32 * u < hd ? src[lane + 32 * u] : 0.f;  // with *pos
+    if (threadIdx.x < half) rope_pair(threadIdx.x, inv, p, freq_scale, ext_factor, corr_lo, corr_hi, mscale, cs, sn);
 
     float* b = row[warp];
-    const int hh = blockIdx.x * 8 + warp;
-    if (hh < H + KVH) {
-        const bool is_q = hh < H;
-        const int head = is_q ? hh : hh - H;
-        const float* src = is_q ? q + ((long long)t * H + head) * hd : k + ((long long)t * KVH + head) * hd;
-        float* dst = is_q ? q + ((long long)t * H + head) * hd : k_cache + ((long long)p * KVH + head) * hd;
-        const float* nw = is_q ? q_norm : k_norm;
-
+    if (active) {
         float ss = 0.0f;
-        for (int j = lane; j < hd; j += 32) {
-            const float x = src[j];
-            b[j] = x;
-            ss = fmaf(x, x, ss);
-        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) ss = fmaf(xv[u], xv[u], ss);  // zeros past hd
         if (nw) {  // QK-norm over this head's hd values (uniform across the warp)
             const float r = 1.0f / sqrtf(warp_sum(ss) / float(hd) + eps);
-            for (int j = lane; j < hd; j += 32) b[j] = (b[j] * r) * nw[j];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) xv[u] = (xv[u] * r) * wv[u];
         }
-        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane + 32 * u < hd) b[lane + 32 * u] = xv[u];
+    }
+    __syncthreads();  // the rows and the cos / sin table
+    if (active) {
+        float* dst = is_q ? q + ((long long)t * H + head) * hd : k_cache + ((long long)p * KVH + head) * hd;
         for (int j = lane; j < hd; j += 32) {
             float o = b[j];
             if (j < rope_dim) {

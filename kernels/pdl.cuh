@@ -5,6 +5,10 @@
 //   wait               holds this kernel until the one before it has finished and its writes are visible: nothing
 //                      but weights (written once, at load) may be read before it, and nothing written.
 // So a matvec can pull its weight rows into L2 (prefetch_l2) while the kernel that computes its input still runs.
+// An activation read after wait() should not come through a `const __restrict__` pointer: those become read-only
+// loads (ld.global.nc), which assume the memory does not change while the kernel runs, and a block of them issued
+// together may be scheduled above the wait. moe_route_decode's unrolled x loads read the previous kernel's stale
+// residual that way (MoE and MLA greedy decode diverged on the H200, only under PDL); plain loads keep their place.
 // Without the launch attribute (engine/cuda/driver.py: GPUs below sm_90, REFLEX_PDL=0) these are no-ops but the
 // prefetch; below sm_90 all compile to nothing.
 #pragma once
