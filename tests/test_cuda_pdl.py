@@ -1,15 +1,25 @@
 """Programmatic dependent launch (engine/cuda/driver.py, kernels/pdl.cuh): on the H200 the decode step's launches
 carry the attribute, so the model tests' decode runs that way; here a chain of programmatic launches that each read
-what the one before wrote, issued directly and replayed as a graph, must lose no update."""
+what the one before wrote, issued directly and replayed as a graph, must lose no update, and every family's greedy
+decode must give the same ids with the attribute as without it (a kernel that reads an activation before its wait,
+or through loads that may be scheduled above it, reads the one before's stale output only when launched early)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from engine.cuda import driver, k_smoke, memory
 from engine.cuda.memory import DeviceArray
+from tests import conformance as C
 from tests.cuda_util import cuda_context  # noqa: F401 - autouse fixture
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.gpu
 
@@ -45,3 +55,21 @@ def test_a_chain_of_dependent_launches_loses_no_update(graph: bool) -> None:
             launch(stream)
         memory.synchronize(stream)
     np.testing.assert_array_equal(dy.to_host(), y0 + STEPS * x)  # small integers: exact in float32
+
+
+@pytest.mark.parametrize("name", ["qwen3-tiny-q8_0", "qwen3moe-tiny-q8_0", "deepseek2-tiny-q8_0", "qwen35-tiny-q8_0"])
+def test_decode_is_the_same_with_and_without_early_launch(name: str) -> None:
+    if _arch_major() < 9:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    code = (
+        "import json\nfrom engine.engine import Engine\n"
+        f"e = Engine.load({C.fixture_path(name, '.gguf')!r}, backend='cuda')\n"
+        "r = [e.generate(p, max_tokens=24, temperature=0.0)['token_ids']\n"
+        "     for p in ('Hello there, this prompt is longer than eight tokens', 'The capital of France is')]\n"
+        "print(json.dumps(r))\n"
+    )
+    outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "REFLEX_PDL": pdl},
+                           capture_output=True, text=True, timeout=300) for pdl in ("1", "0")]  # fmt: skip
+    for p in outs:
+        assert p.returncode == 0, p.stderr
+    assert json.loads(outs[0].stdout) == json.loads(outs[1].stdout), name
