@@ -5,11 +5,8 @@ YaRN) against the NumPy backend, and decode speed with DeepSeek-V2-Lite attentio
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 import gguf
@@ -24,6 +21,7 @@ from engine.gguf import read
 from engine.quants import GGMLType
 from engine.sampling import SamplingParams
 from tests import conformance as C
+from tests import cuda_util as cu
 from tests import synthetic
 from tests.quant_data import random_weights
 
@@ -95,18 +93,10 @@ def test_system1_and_greedy_agree_with_cpu(pair):
 
 
 def test_graphs_and_direct_launches_agree():
-    code = (
-        "import json\nfrom engine.engine import Engine\n"
-        f"e = Engine.load({C.fixture_path('deepseek2-tiny-q8_0', '.gguf')!r}, backend='cuda')\n"
-        "r = [e.generate('Hello there, this prompt is longer than eight tokens', max_tokens=12)['token_ids']\n"
-        "     for _ in range(2)]\n"
-        "print(json.dumps(r))\n"
+    graphs, direct = cu.greedy_ids_per_setting(
+        "deepseek2-tiny-q8_0", "REFLEX_CUDA_GRAPHS", ("1", "0"), (cu.LONG_PROMPT,) * 2, 12
     )
-    outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "REFLEX_CUDA_GRAPHS": g},
-                           capture_output=True, text=True, timeout=300) for g in ("1", "0")]  # fmt: skip
-    for p in outs:
-        assert p.returncode == 0, p.stderr
-    assert json.loads(outs[0].stdout) == json.loads(outs[1].stdout)
+    assert graphs == direct
 
 
 # -- synthetic files against the NumPy backend --------------------------------------------------------------------

@@ -6,20 +6,13 @@ or through loads that may be scheduled above it, reads the one before's stale ou
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from engine.cuda import driver, k_smoke, memory
 from engine.cuda.memory import DeviceArray
-from tests import conformance as C
+from tests import cuda_util as cu
 from tests.cuda_util import cuda_context  # noqa: F401 - autouse fixture
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.gpu
 
@@ -61,15 +54,6 @@ def test_a_chain_of_dependent_launches_loses_no_update(graph: bool) -> None:
 def test_decode_is_the_same_with_and_without_early_launch(name: str) -> None:
     if _arch_major() < 9:
         pytest.skip("programmatic dependent launch needs sm_90")
-    code = (
-        "import json\nfrom engine.engine import Engine\n"
-        f"e = Engine.load({C.fixture_path(name, '.gguf')!r}, backend='cuda')\n"
-        "r = [e.generate(p, max_tokens=24, temperature=0.0)['token_ids']\n"
-        "     for p in ('Hello there, this prompt is longer than eight tokens', 'The capital of France is')]\n"
-        "print(json.dumps(r))\n"
-    )
-    outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "REFLEX_PDL": pdl},
-                           capture_output=True, text=True, timeout=300) for pdl in ("1", "0")]  # fmt: skip
-    for p in outs:
-        assert p.returncode == 0, p.stderr
-    assert json.loads(outs[0].stdout) == json.loads(outs[1].stdout), name
+    prompts = (cu.LONG_PROMPT, "The capital of France is")
+    early, plain = cu.greedy_ids_per_setting(name, "REFLEX_PDL", ("1", "0"), prompts, 24)
+    assert early == plain, name
