@@ -7,9 +7,8 @@ section goes in pieces of CHUNK_BYTES: `REFLEX_UPLOAD_THREADS` threads lock piec
 copies those already locked, and each lock is released, again on those threads, once its piece's copy has run (two
 threads, 256 MiB pieces: 0.80-0.84 s for those 17.7 GB; one thread 0.90-1.11, four no faster, 64 MiB or 1 GiB pieces
 a little slower; scripts/upload_bench.py). Where locking fails (some containers) the remaining pieces are copied from
-pageable memory instead (2.0-2.4 s there). Each tensor is then a
-pointer into the allocation at its offset in the file, so quantized blocks reach the kernels exactly as llama.cpp's
-files store them.
+pageable memory instead (2.0-2.4 s there). Each tensor is then a pointer into the allocation at its offset in the
+file, so quantized blocks reach the kernels exactly as llama.cpp's files store them.
 """
 
 from __future__ import annotations
