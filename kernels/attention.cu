@@ -202,7 +202,7 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
 // partials (empty ones m = -inf, l = 0) for attn_combine over all n_splits. dispatch.decode_attention picks.
 extern "C" __global__ void __launch_bounds__(128, 3)
 attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-            const int* __restrict__ pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk,
+            const int* pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk,
             float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
             float* __restrict__ out) {
     pdl::begin();
@@ -281,7 +281,7 @@ attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml
 // grid (ceil(n / 32), H), block 128, dynamic shared memory (2 * 32 * (hd + 4) + 32 * vd + 1056) * 4 bytes.
 extern "C" __global__ void __launch_bounds__(128, 2)
 attn_prefill(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-             const int* __restrict__ pos, int n, int H, int KVH, int hd, int vd, float scale,
+             const int* pos, int n, int H, int KVH, int hd, int vd, float scale,
              float* __restrict__ out) {
     pdl::begin();
     extern __shared__ float4 dsm4[];

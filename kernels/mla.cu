@@ -214,7 +214,7 @@ Q_FOR_EACH_TYPE(HEAD_MATVEC)
 // grid (ceil(H / 8), n_splits, n), block 256. n_splits == 1 writes out[n, H, R] normalised; n_splits > 1 writes
 // part_o[n, H, n_splits, R] and part_ml[n, H, n_splits, 2] for attention.cu's attn_combine (with n * H rows).
 extern "C" __global__ void __launch_bounds__(AT_THREADS, 2)
-mla_attn(const float* __restrict__ q, const float* __restrict__ cache, const int* __restrict__ pos, int H, int R,
+mla_attn(const float* __restrict__ q, const float* __restrict__ cache, const int* pos, int H, int R,
          int D, float scale, int n_splits, float* __restrict__ part_o, float* __restrict__ part_ml,
          float* __restrict__ out) {
     pdl::begin();

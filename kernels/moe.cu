@@ -125,10 +125,10 @@ extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
                             gate_shexp, ids, w, sgate);
 }
 
-// One token, block 256, grid ceil((E + (gate_shexp ? 1 : 0)) / 8): moe_route's arguments with the norm and an F32
-// router in front (moe_route.cuh, route_decode).
+// One token, block 256, grid E + (gate_shexp ? 1 : 0) (a block a router row): moe_route's arguments with the norm and
+// an F32 router in front (moe_route.cuh, route_decode).
 extern "C" __global__ void __launch_bounds__(moe::ROUTE_THREADS)
-    moe_route_decode(const float* x,           // [dim] the residual; dim % 4 == 0
+    moe_route_decode(const float* x,           // [dim] the residual; dim % 4 == 0, dim <= 8192
                      const float* norm_w, float eps, int dim,
                      const float* W,           // [E, dim] F32 router rows (ffn_gate_inp), 16-byte aligned
                      int E, int k, int sigmoid, const float* bias, int n_groups, int n_groups_used, int norm,

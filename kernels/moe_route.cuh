@@ -61,6 +61,7 @@ __device__ __forceinline__ void top_k(const float* sel, int E, int k, int* chose
         int rank = 0;
         if (e < E) {
             const float v = sel[e];
+#pragma unroll 8  // the shared-memory reads in flight together
             for (int f = part; f < E; f += P) rank += before(sel[f], f, v, e);
         }
         for (int o = 1; o < P; o <<= 1) rank += __shfl_xor_sync(cm::FULL, rank, o);
@@ -159,18 +160,17 @@ __device__ __forceinline__ void route_token(int t, const float* __restrict__ log
     if (n_groups > 1) drop_groups(sel, E, n_groups, n_groups_used, gscore, gdrop);
     top_k(sel, E, k, chosen);  // k <= E: every slot is filled
 
-    // weights = probs of the chosen (/ max(sum, 2^-14), when norm) (* scale), in slot order.
-    if (tid == 0) {
+    // weights = probs of the chosen (/ max(sum, 2^-14), when norm) (* scale): thread j < k writes slot j, each
+    // adding the sum in slot order.
+    if (tid < k) {
         float sum = 0.f;
         for (int j = 0; j < k; ++j) sum += prob[chosen[j]];
         const float d = fmaxf(sum, 6.103515625e-5f);
-        for (int j = 0; j < k; ++j) {
-            float v = prob[chosen[j]];
-            if (norm) v = v / d;
-            if (scale != 1.f) v = v * scale;
-            ids[(long long)t * k + j] = chosen[j];
-            w[(long long)t * k + j] = v;
-        }
+        float v = prob[chosen[tid]];
+        if (norm) v = v / d;
+        if (scale != 1.f) v = v * scale;
+        ids[(long long)t * k + tid] = chosen[tid];
+        w[(long long)t * k + tid] = v;
     }
     // The shared expert's gate: sigmoid(gate_shexp . xn[t]).
     if (gate_shexp) {
@@ -181,102 +181,72 @@ __device__ __forceinline__ void route_token(int t, const float* __restrict__ log
     }
 }
 
-// One decode token from the residual: xn = RMSNorm(x) * norm_w (as norm_rope.cu's rmsnorm_rows: every block
-// computes the sum of squares in the same order, keeps xn in shared memory and writes its share of it out),
-// logits = W . xn for F32 router rows, a warp a row (row E, when gate_shexp is given: sgate = sigmoid(gate_shexp .
-// xn)), then the last block to finish (a ticket from *counter, which it sets back to 0) routes the token as route_token
-// does. One launch instead of rmsnorm_rows, the router matvec and moe_route: on an H200, for the 30B-A3B shape, 12.3 us
-// against 3.5 + 3.9 + 8.7. A lane's weight loads go out 8 at a time (one at a time, with x and norm_w re-read beside
-// each, measured 12.1 us: the route after the ticket, one block on one SM, is most of the launch).
-constexpr int ROUTE_MAX_DIM = 8192;  // xn in shared memory
+// One decode token from the residual, a block a row: block b < E computes xn = RMSNorm(x) * norm_w (as norm_rope.cu's
+// rmsnorm_rows does, though its sum of squares goes in another order: every block adds the same values in the same
+// order, so all agree, and each writes its share of xn) and logit b = W[b] . xn; block E, when gate_shexp is given,
+// sgate = sigmoid(gate_shexp . xn). Thread t holds the float4 granules t + 256 j of the row, of norm_w and of x, in
+// registers. The last block to finish (a ticket from *counter, which it sets back to 0) routes the token as
+// route_token does. The weights (the row, norm_w) are loaded before the wait, so their round trip overlaps the kernel
+// before; after it, one round trip for x. On an H200, for the 30B-A3B shape, a warp a row (16 blocks, half of each
+// row loaded after the norm) took 11.1 us a launch; one launch instead of rmsnorm_rows, the router matvec and
+// moe_route took 12.3 against 3.5 + 3.9 + 8.7.
+constexpr int ROUTE_MAX_DIM = 8192;
+constexpr int ROUTE_GRANULES = ROUTE_MAX_DIM / 4 / ROUTE_THREADS;  // float4 granules a thread
 
-__device__ __forceinline__ void route_decode(const float* x, const float* __restrict__ norm_w, float eps,
-                                             int dim, const float* __restrict__ W, int E, int k, int sigmoid,
+__device__ __forceinline__ void route_decode(const float* x, const float* norm_w, float eps,
+                                             int dim, const float* W, int E, int k, int sigmoid,
                                              const float* __restrict__ bias, int n_groups, int n_groups_used,
                                              int norm, float scale, const float* __restrict__ gate_shexp,
                                              float* __restrict__ xn, float* logits, int* counter,
                                              int* __restrict__ ids, float* __restrict__ w, float* __restrict__ sgate) {
-    constexpr int NW = ROUTE_THREADS / 32, UNROLL = 8;
-    __shared__ float4 xs4[ROUTE_MAX_DIM / 4];
+    constexpr int NW = ROUTE_THREADS / 32, NG = ROUTE_GRANULES;
     __shared__ float red[NW];
     __shared__ int ticket;
-    float* xs = reinterpret_cast<float*>(xs4);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int row = blockIdx.x * NW + warp, row0 = blockIdx.x * NW;
-    const float* wr = row < E ? W + (long long)row * dim : row == E ? gate_shexp : nullptr;
-    if (row0 < E) pdl::prefetch_l2(W + (long long)row0 * dim, 4LL * dim * min(NW, E - row0));
-    float4 wv[UNROLL];  // the row's first loads, in flight while the kernel before ends and the norm is computed
+    const int tid = threadIdx.x, row = blockIdx.x, n4 = dim >> 2;
+    const float4* w4 = reinterpret_cast<const float4*>(row < E ? W + (long long)row * dim : gate_shexp);
+    const float4* nw4 = reinterpret_cast<const float4*>(norm_w);
+    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 wv[NG], nv[NG], xv[NG];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-        const int c = 4 * lane + 128 * u;
-        wv[u] = wr && c < dim ? *reinterpret_cast<const float4*>(wr + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < NG; ++j) {
+        const int f = tid + ROUTE_THREADS * j;
+        wv[j] = f < n4 ? w4[f] : z4;   // pre-wait: the router row, a weight
+        nv[j] = f < n4 ? nw4[f] : z4;  // pre-wait: norm_w, a weight
     }
-    // Each thread's values of x and norm_w, i = tid + 256 j (the order of rmsnorm_rows' sums), all loads issued at
-    // once: in loops, each round trip to L2 waited for the one before (x, then x and norm_w again for xn). x is not
-    // __restrict__: read-only (.nc) loads of it, unrolled like this, may be scheduled above the wait (pdl.cuh).
-    float xv[ROUTE_MAX_DIM / ROUTE_THREADS], nv[ROUTE_MAX_DIM / ROUTE_THREADS];
+    // No pointer here is __restrict__: ptxas schedules read-only (.nc) loads freely about the wait, sinking the
+    // weights' below it (nothing then overlaps the kernel before) or hoisting x's above it (a stale read, pdl.cuh).
+    pdl::wait();
+    const float4* x4 = reinterpret_cast<const float4*>(x);
 #pragma unroll
-    for (int j = 0; j < ROUTE_MAX_DIM / ROUTE_THREADS; ++j) {
-        const int i = tid + ROUTE_THREADS * j;
-        nv[j] = i < dim ? norm_w[i] : 0.f;  // a weight: read before the wait
-    }
-    pdl::wait();  // x is the kernel before's output
-#pragma unroll
-    for (int j = 0; j < ROUTE_MAX_DIM / ROUTE_THREADS; ++j) {
-        const int i = tid + ROUTE_THREADS * j;
-        xv[j] = i < dim ? x[i] : 0.f;
-    }
+    for (int j = 0; j < NG; ++j) xv[j] = tid + ROUTE_THREADS * j < n4 ? x4[tid + ROUTE_THREADS * j] : z4;
     float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < ROUTE_MAX_DIM / ROUTE_THREADS; ++j) ss = fmaf(xv[j], xv[j], ss);  // zeros past dim
-    ss = cm::warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    ss = cm::warp_sum(lane < NW ? red[lane] : 0.f);
+    for (int j = 0; j < NG; ++j) {  // zeros past dim
+        ss = fmaf(xv[j].x, xv[j].x, ss);
+        ss = fmaf(xv[j].y, xv[j].y, ss);
+        ss = fmaf(xv[j].z, xv[j].z, ss);
+        ss = fmaf(xv[j].w, xv[j].w, ss);
+    }
+    ss = cm::block_sum<NW>(ss, red);
     const float r = 1.0f / sqrtf(ss / float(dim) + eps);  // not rsqrtf: as rmsnorm_rows
-    const int share = (dim + gridDim.x - 1) / gridDim.x, c0 = blockIdx.x * share;
+    const int share = (n4 + gridDim.x - 1) / gridDim.x, f0 = row * share;  // this block's granules of xn
+    float d = 0.f;
 #pragma unroll
-    for (int j = 0; j < ROUTE_MAX_DIM / ROUTE_THREADS; ++j) {
-        const int i = tid + ROUTE_THREADS * j;
-        if (i < dim) {
-            const float v = (xv[j] * r) * nv[j];
-            xs[i] = v;
-            if (i - c0 >= 0 && i - c0 < share) xn[i] = v;
-        }
+    for (int j = 0; j < NG; ++j) {
+        const int f = tid + ROUTE_THREADS * j;
+        const float4 v = make_float4((xv[j].x * r) * nv[j].x, (xv[j].y * r) * nv[j].y, (xv[j].z * r) * nv[j].z,
+                                     (xv[j].w * r) * nv[j].w);
+        if (f < n4 && f - f0 >= 0 && f - f0 < share) reinterpret_cast<float4*>(xn)[f] = v;
+        d = fmaf(wv[j].x, v.x, d);  // zeros past dim
+        d = fmaf(wv[j].y, v.y, d);
+        d = fmaf(wv[j].z, v.z, d);
+        d = fmaf(wv[j].w, v.w, d);
     }
-    __syncthreads();
-
-    if (wr) {  // dim % 4 == 0, rows 16-byte aligned
-        float d = 0.f;
-        for (int c00 = 0; c00 < dim; c00 += 128 * UNROLL) {
-            if (c00) {
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    const int c = c00 + 4 * lane + 128 * u;
-                    wv[u] = c < dim ? *reinterpret_cast<const float4*>(wr + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int c = c00 + 4 * lane + 128 * u;
-                if (c < dim) {
-                    const float4 v = xs4[c >> 2];
-                    d = fmaf(wv[u].x, v.x, d);
-                    d = fmaf(wv[u].y, v.y, d);
-                    d = fmaf(wv[u].z, v.z, d);
-                    d = fmaf(wv[u].w, v.w, d);
-                }
-            }
-        }
-        d = cm::warp_sum(d);
-        if (lane == 0) {
-            if (row < E) logits[row] = d;
-            else sgate[0] = 1.f / (1.f + expf(-d));
-        }
-    }
-    __syncthreads();  // every warp's logit written before the ticket
+    d = cm::block_sum<NW>(d, red);
     if (tid == 0) {
-        __threadfence();
+        if (row < E) logits[row] = d;
+        else sgate[0] = 1.f / (1.f + expf(-d));
+        __threadfence();  // the logit before the ticket
         ticket = atomicAdd(counter, 1);
     }
     __syncthreads();

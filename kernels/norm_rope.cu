@@ -32,9 +32,9 @@ __device__ __forceinline__ float block_sum_256(float v, float* red) {
 // rope_inv then rope_pair for each pair; qk_rope_kv calls the two apart.
 //
 // The position-free part of pair i's angle: theta^(-2i / rope_dim) / freq_factors[i] (freq_factors is a weight).
-__device__ __forceinline__ float rope_inv(int i, int rope_dim, float theta, const float* __restrict__ freq_factors) {
+__device__ __forceinline__ float rope_inv(int i, int rope_dim, float theta, const float* freq_factors) {
     float inv = powf(theta, -2.0f * float(i) / float(rope_dim));
-    if (freq_factors) inv /= freq_factors[i];
+    if (freq_factors) inv /= freq_factors[i];  // pre-wait: a weight (qk_rope_kv calls this before its wait)
     return inv;
 }
 
@@ -100,9 +100,9 @@ rmsnorm_rows(const float* x, const float* __restrict__ w, float eps, float* y, i
 // unchanged. Every block builds the same cos / sin table, so results do not depend on the split.
 extern "C" __global__ void __launch_bounds__(256)
 qk_rope_kv(float* q, const float* k, const float* v, int n, int H, int KVH, int hd, int vd,
-           const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int rope_dim, float theta,
-           float freq_scale, float ext_factor, float corr_lo, float corr_hi, float mscale,
-           const float* __restrict__ freq_factors, int rope_neox, const int* pos,
+           const float* q_norm, const float* k_norm, float eps, int rope_dim, float theta, float freq_scale,
+           float ext_factor, float corr_lo, float corr_hi, float mscale, const float* freq_factors, int rope_neox,
+           const int* pos,
            float* __restrict__ k_cache, float* __restrict__ v_cache) {
     pdl::launch_dependents();
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
@@ -114,11 +114,13 @@ qk_rope_kv(float* q, const float* k, const float* v, int n, int H, int KVH, int 
     const int head = is_q ? hh : hh - H;
     const float* nw = is_q ? q_norm : k_norm;
     // Before the wait (pdl.cuh), what needs no activation: this thread's pair angle without the position, and the
-    // lane's norm weights (values j = lane + 32 u of the head, hd <= 256).
+    // lane's norm weights (values j = lane + 32 u of the head, hd <= 256). Through plain pointers: read-only loads
+    // would be sunk below the wait.
     const float inv = threadIdx.x < half ? rope_inv(threadIdx.x, rope_dim, theta, freq_factors) : 0.f;
     float wv[8], xv[8];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) wv[u] = active && nw && lane + 32 * u < hd ? nw[lane + 32 * u] : 0.f;
+    for (int u = 0; u < 8; ++u)
+        wv[u] = active && nw && lane + 32 * u < hd ? nw[lane + 32 * u] : 0.f;  // pre-wait: the norm weights
     pdl::wait();
     const int p = *pos + t;
     const float* src = is_q ? q + ((long long)t * H + head) * hd : k + ((long long)t * KVH + head) * hd;
@@ -169,7 +171,7 @@ qk_rope_kv(float* q, const float* k, const float* v, int n, int H, int KVH, int 
 extern "C" __global__ void __launch_bounds__(256)
 mla_kv_rope(const float* __restrict__ kva, const float* __restrict__ kv_norm, float eps, const float* __restrict__ q,
             float* __restrict__ qa, int n, int H, int R, int P, int nope, float theta, float freq_scale,
-            float ext_factor, float corr_lo, float corr_hi, float mscale, const int* __restrict__ pos,
+            float ext_factor, float corr_lo, float corr_hi, float mscale, const int* pos,
             float* __restrict__ cache) {
     pdl::begin();
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (P / 2 <= 128)

@@ -26,8 +26,7 @@ MAX_EXPERTS = 1024  # kernels/moe_route.cuh: shared-memory tables per expert
 MAX_K = 32  # experts used per token
 MAX_GROUPS = 64
 ROUTE_THREADS, GROUP_THREADS, MV_THREADS, MV_ROWS = 256, 1024, 256, 8
-ROUTE_WARPS = ROUTE_THREADS // 32  # route_decode: a warp a router row
-ROUTE_MAX_DIM = 8192  # route_decode: xn in shared memory
+ROUTE_MAX_DIM = 8192  # route_decode: a row's 4-float granules in 8 registers a thread
 DOWN_ROWS = 2  # moe_down: 4 warps a row (kernels/moe_expert.cuh)
 TILE = 64  # rows (and weight rows) of a grouped-GEMM tile: gemm_tile.cuh's BM and BN
 GEMM_THREADS = 128
@@ -165,12 +164,12 @@ def route_decode(
             ptr(bias), i32(n_groups), i32(n_groups_used), i32(1 if norm else 0), f32(scale), ptr(gate_shexp), ptr(xn),
             ptr(logits), ptr(counter), ptr(ids), ptr(w), ptr(sgate)]  # fmt: skip
     rows = E + (1 if gate_shexp is not None else 0)
-    return Launch(fn, ((rows + ROUTE_WARPS - 1) // ROUTE_WARPS,), (ROUTE_THREADS,), args)
+    return Launch(fn, (rows,), (ROUTE_THREADS,), args)  # a block a row
 
 
 def fusable(router: DeviceWeight) -> bool:
     """Whether route_decode can read this router: F32 rows whose width is a multiple of 4 (float4 loads), at most
-    ROUTE_MAX_DIM (xn in shared memory)."""
+    ROUTE_MAX_DIM (a row in registers)."""
     return router.ggml_type == GGMLType.F32 and router.cols % 4 == 0 and router.cols <= ROUTE_MAX_DIM
 
 
