@@ -118,8 +118,11 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
         gather_dot_warp<T>(W, row_bytes, K, x, x_stride, rows, n, out);                                             \
     }
 // matvec3 (one token, up to three matrices a launch): the common types only (k_matvec.has_matvec3).
+#ifndef MATVEC3_MIN_BLOCKS
+#define MATVEC3_MIN_BLOCKS 1
+#endif
 #define MATVEC3(tag, T)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS, MATVEC3_MIN_BLOCKS)                                       \
         matvec3_##tag##_n1(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0, long long rb1,   \
                            long long rb2, int R0, int R1, int R2, int K, const float* x, const float* norm_w,       \
                            float eps, float* y0, float* y1, float* y2) {                                            \

@@ -30,6 +30,7 @@
 #include "quant.cuh"
 #include "quant_dot.cuh"
 #include "quant_i16.cuh"
+#include "stage.cuh"
 
 namespace moe {
 
@@ -119,6 +120,79 @@ __device__ __forceinline__ void down(const uint8_t* __restrict__ W, long long ro
         float s = part[threadIdx.x * DOWN_WPR];
 #pragma unroll
         for (int p = 1; p < DOWN_WPR; ++p) s += part[threadIdx.x * DOWN_WPR + p];
+        const long long o = (long long)t * R + row;
+        if (shared) s += (sgate ? sgate[t] : 1.f) * shared[o];
+        x[o] += s;
+    }
+}
+
+// down_staged: down's sum (I16 only) with the block's rows staged, for decode: block (row block, token t) computes
+// rows [8 * blockIdx.x, +8). Its 8 rows of each of the token's k experts are copied into shared memory at once
+// (stage.cuh: one DRAM round trip a block, 8 * k rows of at most STAGED_DOWN_BYTES / 64 bytes for k = 8), while each
+// thread loads the 16-bit h groups of its (slot, group) pairs p = tid + 256 u (u < STAGED_DOWN_PAIRS); each pair then
+// meets all 8 rows there. The 8 sums go through a warp reduce-scatter and then the 8 warps in order: a fixed order, as
+// down's. Sized so that two blocks fit an SM. down reads its rows in small loads from global memory, a few in flight
+// a lane: on an H200 (30B-A3B shape) ... us against ... a layer.
+constexpr int STAGED_DOWN_ROWS = 8, STAGED_DOWN_BYTES = 43008, STAGED_DOWN_PAIRS = 4;
+
+template <int T>
+__device__ __forceinline__ void down_staged(const uint8_t* W, long long row_bytes, long long expert_bytes, int R,
+                                            int K, const int* ids, const float* w, int k, const float* shared,
+                                            const float* sgate, float* x, const int16_t* hq,
+                                            const q16::Meta* hm) {
+    constexpr int ROWS = STAGED_DOWN_ROWS, NP = STAGED_DOWN_PAIRS;
+    __shared__ __align__(16) uint8_t buf[STAGED_DOWN_BYTES];  // staged row (r, j) at (r * k + j) * pitch
+    __shared__ long long eoff[MAX_K];                          // byte offset of each slot's expert in the stack
+    __shared__ float wt[MAX_K];                                // each slot's weight
+    __shared__ float red[MV_THREADS / 32][ROWS];               // each warp's sums
+    const int t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r0 = blockIdx.x * ROWS;
+    if (tid < k) {
+        eoff[tid] = ids[(long long)t * k + tid] * expert_bytes;
+        wt[tid] = w[(long long)t * k + tid];
+    }
+    __syncthreads();
+    const int nb = int(row_bytes), P = stage::pitch(nb), NG = P / 16;  // a staged row's bytes, pitch, granules
+    for (int i = tid; i < ROWS * k * NG; i += MV_THREADS) {
+        const int s = i / NG, r = s / k, j = s - r * k;
+        const uint8_t* src = W + eoff[j] + (long long)min(r0 + r, R - 1) * row_bytes;  // rows past R: row R - 1
+        stage::granule(buf + s * P, src, nb, i - s * NG);
+    }
+    const int G = K >> 3, total = k * G;
+    const long long item0 = (long long)t * k;  // the token's first item
+    q16::Group a[NP];
+#pragma unroll
+    for (int u = 0; u < NP; ++u) {  // in flight beside the copies
+        const int p = min(tid + MV_THREADS * u, total - 1), j = p / G, g = p - j * G;
+        a[u] = q16::load(hq + (item0 + j) * K + 8 * g, hm + (item0 + j) * G + g);
+    }
+    stage::wait();
+    __syncthreads();
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+#pragma unroll
+    for (int u = 0; u < NP; ++u) {
+        const int p = tid + MV_THREADS * u;
+        if (p < total) {
+            const int j = p / G, g = p - j * G;
+            const float ws = wt[j] * a[u].s;
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const int s = r * k + j;
+                const uint8_t* rp =
+                    stage::landed(buf + s * P, W + eoff[j] + (long long)min(r0 + r, R - 1) * row_bytes);
+                acc[r] = fmaf(ws, q16::dot8<T>(rp, g, a[u]), acc[r]);
+            }
+        }
+    }
+    cm::warp_reduce_scatter(acc);  // lane L: the warp's total of row L / 4
+    if (lane % (32 / ROWS) == 0) red[warp][lane / (32 / ROWS)] = acc[0];
+    __syncthreads();
+    const int row = r0 + tid;
+    if (tid < ROWS && row < R) {
+        float s = red[0][tid];
+#pragma unroll
+        for (int v = 1; v < MV_THREADS / 32; ++v) s += red[v][tid];
         const long long o = (long long)t * R + row;
         if (shared) s += (sgate ? sgate[t] : 1.f) * shared[o];
         x[o] += s;

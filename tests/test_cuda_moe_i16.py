@@ -96,13 +96,16 @@ def test_gate_up16(ggml_type: GGMLType, shape, small, shared: int, seed: int) ->
         assert untouched(got_hs[n * shared * ff :]), context
 
 
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "plain"])
 @pytest.mark.parametrize("shared", ["none", "gated"])
 @pytest.mark.parametrize("small", SMALL, ids=lambda s: "n{}_k{}_E{}".format(*s))
-@pytest.mark.parametrize("shape", [(256, 256), (96, 768), (64, 1408)], ids=lambda s: "dim{}_F{}".format(*s))
+@pytest.mark.parametrize("shape", [(256, 256), (96, 768), (61, 768), (64, 1408)], ids=lambda s: "dim{}_F{}".format(*s))
 @pytest.mark.parametrize("ggml_type", I16_TYPES, ids=lambda t: t.name)
-def test_down16(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> None:
-    """moe_down16 on 16-bit groups made here: the weighted sum of the rows dotted with q * s exactly, the float
-    tolerance of moe_down, plus the shared expert; nothing past the outputs written."""
+def test_down16(ggml_type: GGMLType, shape, small, shared: str, staged: bool, seed: int, monkeypatch) -> None:
+    """moe_down16 and moe_down16s (rows staged, where they fit) on 16-bit groups made here: the weighted sum of the
+    rows dotted with q * s exactly, the float tolerance of moe_down, plus the shared expert; nothing past the outputs
+    written (61 rows: the last staged block's rows past R)."""
+    monkeypatch.setenv("REFLEX_STAGED_DOWN", "1" if staged else "0")
     dim, ff = shape
     n, k, n_experts = small
     needs_blocks(ggml_type, ff)
@@ -119,7 +122,9 @@ def test_down16(ggml_type: GGMLType, shape, small, shared: str, seed: int) -> No
     d_ids, d_w, d_ys, d_sg = (DeviceArray.from_host(a) for a in (ids, wts, ys, sg))
     hq = groups16(*round16(h))
     gated = shared == "gated"
-    run(k_moe.down(d.dev, hq, d_ids, d_w, k, n, x, shared=d_ys if gated else None, sgate=d_sg if gated else None))
+    launch = k_moe.down(d.dev, hq, d_ids, d_w, k, n, x, shared=d_ys if gated else None, sgate=d_sg if gated else None)
+    assert launch.name.endswith(f"moe_down16{'s' if staged and k_moe.staged_down(d.dev, k) else ''}_{d.dev.tag}")
+    run(launch)
     hr = rounded(h)
     e = ids.reshape(-1)
     per = np.einsum("prc,pc->pr", d.dense[e], hr).reshape(n, k, dim)

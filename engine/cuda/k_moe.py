@@ -13,6 +13,7 @@ The 16-bit forms (kernels/quant_i16.cuh): for the types in I16_TYPES, gate_up ro
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from engine.cuda import driver
@@ -28,6 +29,9 @@ MAX_GROUPS = 64
 ROUTE_THREADS, GROUP_THREADS, MV_THREADS, MV_ROWS = 256, 1024, 256, 8
 ROUTE_MAX_DIM = 8192  # route_decode: a row's 4-float granules in 8 registers a thread
 DOWN_ROWS = 2  # moe_down: 4 warps a row (kernels/moe_expert.cuh)
+# moe_down16s (moe_expert.cuh, down_staged): 8 rows a block, each of the k experts' 8 rows staged in 42 KiB of shared
+# memory, and at most 4 (slot, group) pairs a thread.
+STAGED_DOWN_ROWS, STAGED_DOWN_BYTES, STAGED_DOWN_PAIRS = 8, 43008, 4
 TILE = 64  # rows (and weight rows) of a grouped-GEMM tile: gemm_tile.cuh's BM and BN
 GEMM_THREADS = 128
 MAX_GRID_Y = 65535
@@ -289,11 +293,14 @@ def down(
     if not (1 <= k <= MAX_K and 1 <= n <= MAX_GRID_Y):
         raise CudaError(f"moe down: k={k} (at most {MAX_K}), n={n}")
     stride = _stack(w)
+    rows_a_block = DOWN_ROWS
     if isinstance(h, Groups16):
         if w.ggml_type not in I16_TYPES:
             raise CudaError(f"moe down: no 16-bit form for {w.name} {w.tag}")
         h.need(n * k, w.cols, "h")
         name, hargs = f"moe_down16_{w.tag}", [ptr(h.q), ptr(h.meta)]
+        if staged_down(w, k):
+            name, rows_a_block = f"moe_down16s_{w.tag}", STAGED_DOWN_ROWS
     else:
         need(h, "h", "f4", n * k * w.cols, aligned=True)
         name, hargs = f"moe_down_{w.tag}", [ptr(h)]
@@ -307,7 +314,16 @@ def down(
     fn = driver.module("moe").fn(name)
     args = [ptr(w.ptr), i64(w.row_bytes), i64(stride), i32(w.rows), i32(w.cols), *hargs, ptr(ids), ptr(wts), i32(k),
             ptr(shared), ptr(sgate), ptr(x)]  # fmt: skip
-    return Launch(fn, ((w.rows + DOWN_ROWS - 1) // DOWN_ROWS, n), (MV_THREADS,), args)
+    return Launch(fn, ((w.rows + rows_a_block - 1) // rows_a_block, n), (MV_THREADS,), args)
+
+
+def staged_down(w: DeviceWeight, k: int) -> bool:
+    """Whether the 16-bit down takes moe_down16s: the block's 8 rows of k experts fit its shared memory (each row at a
+    16-byte pitch, its head offset included) and the k * F / 8 (slot, group) pairs its threads. REFLEX_STAGED_DOWN=0
+    keeps moe_down16 (for comparisons)."""
+    pitch = (w.row_bytes + 30) // 16 * 16  # stage.cuh's pitch
+    fits = STAGED_DOWN_ROWS * k * pitch <= STAGED_DOWN_BYTES and k * (w.cols // 8) <= STAGED_DOWN_PAIRS * MV_THREADS
+    return fits and os.environ.get("REFLEX_STAGED_DOWN", "1") != "0"
 
 
 def _gemm_checks(w: DeviceWeight, a: DeviceArray, tiles: DeviceArray, n_items: int, n_experts: int,
