@@ -66,11 +66,6 @@ __device__ __forceinline__ void touch_rows(const uint8_t* (&rp)[RPT], int g, int
     for (int r = 0; r < RPT; ++r) rp[r] += z;
 }
 
-// One token's x loaded beside the staged copies (partial_dots), but for the 16-bit Q5_0 form: its MoE gate_up spilled
-// 128 bytes there under its 64-register bound (nvcc 13.0, sm_75-90).
-template <int T, bool I16>
-constexpr bool PRELOAD_X = !(I16 && T == q::Q5_0);
-
 // The split form (quant_dot.cuh) for up to 4 tokens: at 8, the extra registers would spill.
 template <int T, int N>
 constexpr bool SPLIT_N = q::SPLIT<T> && N <= 4;
@@ -78,10 +73,13 @@ constexpr bool SPLIT_N = q::SPLIT<T> && N <= 4;
 // acc[t * RPT + r] += dot(row r values [8g, +8), token t values [8g, +8) times norm_w) for the RPT rows at rp.
 // (gw: the group's index in the rows at rp, gx: in x.) I16: the values times norm_w rounded to 16 bits and dotted in
 // integers (quant_i16.cuh), once a group for all RPT rows.
-// dot_loaded: the same with x's values of the group already in xv (as loaded; times norm_w here).
 template <int T, int N, int RPT, bool I16 = false>
-__device__ __forceinline__ void dot_loaded(const uint8_t* const (&rp)[RPT], int gw, int gx, float (&xv)[N][8],
-                                           const float* __restrict__ norm_w, float (&acc)[RPT * N], float (&ss)[N]) {
+__device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int gw, int gx, const float* __restrict__ x,
+                                          const int (&xo)[N], const float* __restrict__ norm_w,
+                                          float (&acc)[RPT * N], float (&ss)[N]) {
+    float xv[N][8];  // values [8g, 8g + 8) of each token, times norm_w when normed (the rsqrt scale comes last)
+#pragma unroll
+    for (int t = 0; t < N; ++t) cm::load8f(x + xo[t] + 8 * gx, xv[t]);
     if (norm_w) {
         float nw[8];
         cm::load8f(norm_w + 8 * gx, nw);
@@ -107,16 +105,6 @@ __device__ __forceinline__ void dot_loaded(const uint8_t* const (&rp)[RPT], int 
 #pragma unroll
         for (int r = 0; r < RPT; ++r) q::dot8_acc<T, N, RPT, SPLIT_N<T, N>>(rp[r], gw, xv, xs, &acc[r]);
     }
-}
-
-template <int T, int N, int RPT, bool I16 = false>
-__device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int gw, int gx, const float* x,
-                                          const int (&xo)[N], const float* __restrict__ norm_w,
-                                          float (&acc)[RPT * N], float (&ss)[N]) {
-    float xv[N][8];  // values [8g, 8g + 8) of each token, times norm_w when normed (the rsqrt scale comes last)
-#pragma unroll
-    for (int t = 0; t < N; ++t) cm::load8f(x + xo[t] + 8 * gx, xv[t]);
-    dot_loaded<T, N, RPT, I16>(rp, gw, gx, xv, norm_w, acc, ss);
 }
 
 // Per-thread partial dot products of the block's rows with N tokens, reduced over each warp into
@@ -154,30 +142,14 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
                 const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(blk_row0 + s % ROWS, R - 1) * row_bytes;
                 stage::granule(buf + s * P, src, nb, i - s * NG);
             }
+            stage::wait();
+            __syncthreads();
             const int s0 = (NM == 2 && tid >= TEAM ? ROWS : 0) + row0 - blk_row0;  // the slice's first staged row
             const uint8_t* rp[RPT];
 #pragma unroll
             for (int r = 0; r < RPT; ++r)
                 rp[r] = stage::landed(buf + (s0 + r) * P, W + (long long)min(row0 + r, R - 1) * row_bytes);
-            if constexpr (N == 1 && PRELOAD_X<T, I16>) {
-                // One token: x of the thread's groups (at most CHUNK_GROUPS / SPAN) loaded while the copies fly,
-                // one round trip to L2 overlapping the one to DRAM instead of following it.
-                constexpr int XG = CHUNK_GROUPS / SPAN;
-                float xv[XG][1][8];
-#pragma unroll
-                for (int u = 0; u < XG; ++u)
-                    if (tt + SPAN * u < G) cm::load8f(x + 8 * (tt + SPAN * u), xv[u][0]);
-                stage::wait();
-                __syncthreads();
-#pragma unroll
-                for (int u = 0; u < XG; ++u)
-                    if (tt + SPAN * u < G) dot_loaded<T, 1, RPT, I16>(rp, tt + SPAN * u, tt + SPAN * u, xv[u], norm_w,
-                                                                      acc, ss);
-            } else {
-                stage::wait();
-                __syncthreads();
-                for (int g = tt; g < G; g += SPAN) dot_group<T, N, RPT, I16>(rp, g, g, x, xo, norm_w, acc, ss);
-            }
+            for (int g = tt; g < G; g += SPAN) dot_group<T, N, RPT, I16>(rp, g, g, x, xo, norm_w, acc, ss);
         }
     }
     if (!staged) {

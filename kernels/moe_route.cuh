@@ -187,9 +187,9 @@ __device__ __forceinline__ void route_token(int t, const float* __restrict__ log
 // sgate = sigmoid(gate_shexp . xn). Thread t holds the float4 granules t + 256 j of the row, of norm_w and of x, in
 // registers. The last block to finish (a ticket from *counter, which it sets back to 0) routes the token as
 // route_token does. The weights (the row, norm_w) are loaded before the wait, so their round trip overlaps the kernel
-// before; after it, one round trip for x. On an H200, for the 30B-A3B shape, a warp a row (16 blocks, half of each
-// row loaded after the norm) took 11.1 us a launch; one launch instead of rmsnorm_rows, the router matvec and
-// moe_route took 12.3 against 3.5 + 3.9 + 8.7.
+// before; after it, one round trip for x. On an H200, for the 30B-A3B shape, 7.9 us a launch; a warp a row (16
+// blocks, half of each row loaded after the norm, the weights sunk below the wait by ptxas) took 11.1. One launch
+// instead of rmsnorm_rows, the router matvec and moe_route took 12.3 against 3.5 + 3.9 + 8.7.
 constexpr int ROUTE_MAX_DIM = 8192;
 constexpr int ROUTE_GRANULES = ROUTE_MAX_DIM / 4 / ROUTE_THREADS;  // float4 granules a thread
 
