@@ -196,7 +196,7 @@ constexpr int ROUTE_GRANULES = ROUTE_MAX_DIM / 4 / ROUTE_THREADS;  // float4 gra
 __device__ __forceinline__ void route_decode(const float* x, const float* norm_w, float eps,
                                              int dim, const float* W, int E, int k, int sigmoid,
                                              const float* __restrict__ bias, int n_groups, int n_groups_used,
-                                             int norm, float scale, const float* __restrict__ gate_shexp,
+                                             int norm, float scale, const float* gate_shexp,
                                              float* __restrict__ xn, float* logits, int* counter,
                                              int* __restrict__ ids, float* __restrict__ w, float* __restrict__ sgate) {
     constexpr int NW = ROUTE_THREADS / 32, NG = ROUTE_GRANULES;
@@ -213,8 +213,8 @@ __device__ __forceinline__ void route_decode(const float* x, const float* norm_w
         wv[j] = f < n4 ? w4[f] : z4;   // pre-wait: the router row, a weight
         nv[j] = f < n4 ? nw4[f] : z4;  // pre-wait: norm_w, a weight
     }
-    // No pointer here is __restrict__: ptxas schedules read-only (.nc) loads freely about the wait, sinking the
-    // weights' below it (nothing then overlaps the kernel before) or hoisting x's above it (a stale read, pdl.cuh).
+    // x, norm_w, W and gate_shexp are not __restrict__: ptxas schedules read-only (.nc) loads freely about the wait,
+    // sinking the weights' below it (nothing then overlaps the kernel before) or hoisting x's above it (pdl.cuh).
     pdl::wait();
     const float4* x4 = reinterpret_cast<const float4*>(x);
 #pragma unroll
