@@ -153,10 +153,11 @@ __device__ __forceinline__ void down_staged(const uint8_t* W, long long row_byte
     }
     __syncthreads();
     const int nb = int(row_bytes), P = stage::pitch(nb), NG = P / 16;  // a staged row's bytes, pitch, granules
+    // Row r of slot j's expert, staged at buf + (r * k + j) * P (rows past R: row R - 1, never written).
+    auto src = [&](int r, int j) { return W + eoff[j] + (long long)min(r0 + r, R - 1) * row_bytes; };
     for (int i = tid; i < ROWS * k * NG; i += MV_THREADS) {
-        const int s = i / NG, r = s / k, j = s - r * k;
-        const uint8_t* src = W + eoff[j] + (long long)min(r0 + r, R - 1) * row_bytes;  // rows past R: row R - 1
-        stage::granule(buf + s * P, src, nb, i - s * NG);
+        const int s = i / NG, r = s / k;
+        stage::granule(buf + s * P, src(r, s - r * k), nb, i - s * NG);
     }
     const int G = K >> 3, total = k * G;
     const long long item0 = (long long)t * k;  // the token's first item
@@ -179,9 +180,7 @@ __device__ __forceinline__ void down_staged(const uint8_t* W, long long row_byte
             const float ws = wt[j] * a[u].s;
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
-                const int s = r * k + j;
-                const uint8_t* rp =
-                    stage::landed(buf + s * P, W + eoff[j] + (long long)min(r0 + r, R - 1) * row_bytes);
+                const uint8_t* rp = stage::landed(buf + (r * k + j) * P, src(r, j));
                 acc[r] = fmaf(ws, q16::dot8<T>(rp, g, a[u]), acc[r]);
             }
         }
