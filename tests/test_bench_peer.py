@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from engine import prepare
 from engine.tools import peer as peers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,8 +81,11 @@ def test_bench_with_peer_and_plot(tmp_path):
     assert peer["cold"]["load_ms"]["p50"] == 40.5 and peer["cold"]["external_wall_ms"]["n"] == 2
     calls = (tmp_path / "build" / "bin" / "calls.log").read_text().splitlines()
     assert len(calls) == 2 and all(c.startswith(f"-m {MODEL} -n 1 -ngl 99 ") for c in calls)
+    prepared = os.path.exists(prepare.cache_path(MODEL))  # the fixture has no cache unless a developer made one
     for job in ("system1", "generate"):
         assert report["cold"][job]["external_wall_ms"]["n"] == 2
+        assert report["cold"][job]["prepare_cache_used"] is prepared
+    assert ("without its prepare cache" in p.stderr) is not prepared
     ratios = report["ours_vs_peer"]
     decode = report["warm"]["decode"]["tokens_per_s"]
     assert ratios["decode_vs_fa0"] == round(decode / 588.0, 2) and ratios["decode_vs_fa1"] == round(decode / 610.5, 2)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+import shutil
+import threading
 
 import numpy as np
 import pytest
 
+from engine import engine as engine_module
 from engine.engine import Engine
 from engine.errors import ContextOverflow, InvalidInput
+from engine.prepare import file_sha256
 from engine.sampling import SamplingParams, sample
 from tests import conformance as C
 
@@ -66,7 +70,29 @@ def test_first_result_has_cold_start_then_none():
         assert isinstance(cold[key], float) and cold[key] >= 0, key
     assert cold["process_start_to_first_token_ms"] >= cold["process_start_to_ready_ms"]
     assert e.system1(PROMPT, [" Paris"])["cold_start"] is None
-    assert first["backend"] == "cpu" and first["model"]["arch"] == "qwen3" and len(first["model"]["sha256"]) == 16
+    assert first["backend"] == "cpu" and first["model"]["arch"] == "qwen3"
+    assert first["model"]["sha256"] in (None, e.sha256[:16])  # unprepared: hashed beside the first request
+    assert e.model_info["sha256"] == e.sha256[:16]
+
+
+def test_a_result_does_not_wait_for_the_hash_of_an_unprepared_file(tmp_path, monkeypatch):
+    """Without a prepare cache the file is hashed on a thread; results go out before it finishes (their sha256 null)
+    and what needs the hash (a state's header) waits for it."""
+    model = str(tmp_path / "m.gguf")
+    shutil.copy(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), model)
+    release = threading.Event()
+
+    def slow_hash(path: str) -> str:
+        release.wait(30)
+        return file_sha256(path)
+
+    monkeypatch.setattr(engine_module, "file_sha256", slow_hash)
+    e = Engine.load(model, backend="cpu", max_seq_len=64)
+    first = e.system1(PROMPT, [" Paris", " Rome"])
+    assert first["model"]["sha256"] is None and first["cold_start"] is not None
+    release.set()
+    assert e.sha256 == file_sha256(model)
+    assert e.system1(PROMPT, [" Paris"])["model"]["sha256"] == e.sha256[:16]
 
 
 def test_greedy_generate_matches_logits(engine):

@@ -2,10 +2,12 @@
 passes and single-token decode rows, F32 and quantized bases, F32/F16 adapters of ranks that are and are not
 multiples of 32, several adapters at once, the dense, hybrid (Gated DeltaNet projections, gated attention, fused
 qwen3next inputs), MLA and MoE families (router, expert stacks through the decode kernels and the grouped GEMM,
-shared expert), and llama.cpp's logits on the F32 fixtures. The refusal of updates the CUDA models do not apply (the
-LM head) needs no GPU."""
+shared expert), and llama.cpp's logits on the F32 fixtures. LORA_SEED=<seed> replays a failure. The refusal of
+updates the CUDA models do not apply (the LM head) needs no GPU."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -63,6 +65,11 @@ def _checked_prefill(cpu, cuda, base_name: str, prefill: int) -> tuple[float, fl
     return float(np.abs(got - want).max()), max(1.0, float(np.abs(want).max())), 5e-3 if gemm else 1e-4
 
 
+def _seed() -> int:
+    """A fresh adapter seed, or LORA_SEED=<seed> (from a failure's message) to replay one."""
+    return int(os.environ.get("LORA_SEED") or np.random.default_rng().integers(2**31))
+
+
 def _pair(base: str, tmp_path, rank: int, seed: int, dtype=np.float32) -> str:
     gf = read(base)
     pairs = lora_util.random_pairs(gf, lora_util.TARGETS["qwen3"], rank, seed)
@@ -80,7 +87,7 @@ def _rows(engine: Engine, ids: list[int], prefill: int) -> np.ndarray:
 @pytest.mark.parametrize("rank, dtype", [(8, np.float32), (40, np.float16)])
 def test_cuda_lora_matches_the_cpu_backend(tmp_path, base_name, rank, dtype):
     base = C.fixture_path(base_name, ".gguf")
-    seed = int(np.random.default_rng().integers(2**31))
+    seed = _seed()
     adapters = [(_pair(base, tmp_path, rank, seed, dtype), 0.7), (_pair(base, tmp_path, 4, seed + 1), -0.5)]
     cpu = Engine.load(base, backend="cpu", max_seq_len=128, lora=adapters)
     cuda = Engine.load(base, backend="cuda", max_seq_len=128, lora=adapters)
@@ -125,7 +132,7 @@ def test_cuda_lora_of_the_hybrid_and_mla_families_matches_the_cpu_backend(tmp_pa
     base = C.fixture_path(base_name, ".gguf")
     gf = read(base)
     arch = gf.architecture
-    seed = int(np.random.default_rng().integers(2**31))
+    seed = _seed()
     adapters = []
     for rank, dtype, scale in ((8, np.float32, 0.7), (40, np.float16, -0.5)):
         pairs = lora_util.random_pairs(gf, FAMILY_TARGETS[arch], rank, seed + rank)
@@ -181,7 +188,7 @@ def test_cuda_lora_of_the_moe_family_matches_the_cpu_backend(tmp_path, base_name
     base = C.fixture_path(base_name, ".gguf")
     gf = read(base)
     targets = targets or MOE_TARGETS[gf.architecture]
-    seed = int(np.random.default_rng().integers(2**31))
+    seed = _seed()
     adapters = _moe_adapters(tmp_path, gf, targets, seed)
     shorts = {t.short for a in open_adapters(adapters, gf) for t in a.tensors.values()}
     assert shorts == set(targets)  # every listed matrix exists in the file and is adapted

@@ -4,7 +4,9 @@ Warm: system1 (a ~10-token prompt, 3 candidates), prefill at 16 and 512 tokens, 
 ignored; chained as generate runs it, and one step at a time beside it), each after warm-up, as medians and p95
 over repeats, with achieved weight bandwidth beside tokens/s.
 Cold: N fresh `python -m engine system1|generate` processes; each one's own phase breakdown plus the wall clock
-seen from outside (process spawn to exit), the GPU energy and peak memory it took, p50 / p95 per phase.
+seen from outside (process spawn to exit), the GPU energy and peak memory it took, p50 / p95 per phase, and whether
+every run opened the model through its prepare cache (`prepare_cache_used`; a warning on stderr where not: a worker's
+image is built with one, and without it the open parses the whole header and the file is hashed beside the result).
 `--peer llama.cpp=BUILD_DIR`: the same file through llama.cpp, interleaved with ours (engine/tools/peer.py), and the
 ratios; `--plot FILE.svg|png` draws the cold-start phases and the decode / prefill bars (engine/tools/plot.py).
 """
@@ -137,11 +139,13 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> t
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ours: dict[str, dict[str, list[float]]] = {name: {} for name in jobs}
     theirs: dict[str, list[float]] = {}
+    prepared = True
     for _ in range(runs):
         for name, args in jobs.items():
             r = meter.run(args, env=env)
             result = cli_result(r.stdout, r.stderr, f"cold {name}")
             phases = {k: v for k, v in result["cold_start"].items() if isinstance(v, float)}
+            prepared = prepared and bool(result["cold_start"].get("prepare_cache_used"))
             _collect(ours[name], phases, r)
         if peer is not None:
             r = meter.run(peer.cold_argv(model, SYSTEM1_PROMPT))
@@ -149,6 +153,11 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> t
                 raise RuntimeError(f"{peer.name} cold run failed: {r.stderr[-500:]}")
             _collect(theirs, peer.phases(r.stderr), r)
     summary = {name: {k: _summary(v) for k, v in phases.items()} for name, phases in ours.items()}
+    for record in summary.values():
+        record["prepare_cache_used"] = prepared
+    if not prepared:
+        print(f"bench: the cold runs opened {model} without its prepare cache (`python -m engine prepare MODEL`, as "
+              "the worker image's build does): not a worker's cold start", file=sys.stderr)  # fmt: skip
     return summary, ({k: _summary(v) for k, v in theirs.items()} if peer is not None else None)
 
 
