@@ -285,8 +285,16 @@ def _common(md: Mapping[str, Any], keys: _Keys, tensors: Mapping[str, Any] | Non
 # -- MoE: qwen3moe, qwen35moe, qwen3next, Mixtral-style llama ----------------------------------------------------------
 
 
-def _experts(keys: _Keys, cfg: dict[str, Any]) -> tuple[int, int, int]:
-    """(n_experts, n_experts_used, expert_hidden_dim); llama.cpp falls back to n_ff / n_used for the width."""
+def _experts(keys: _Keys, cfg: dict[str, Any], tensors: Mapping[str, Any] | None) -> tuple[int, int, int]:
+    """(n_experts, n_experts_used, expert_hidden_dim); llama.cpp falls back to n_ff / n_used for the width. The gate
+    and up stacks must be apart: llama.cpp's converter, asked to (--fuse-gate-up-exps), writes one ffn_gate_up_exps
+    stack instead (each expert's gate rows, then its up rows), which neither backend reads."""
+    merged = next((n for n in tensors or () if n.endswith(".ffn_gate_up_exps.weight")), None)
+    if merged is not None:
+        raise UnsupportedArchitecture(
+            f"tensor '{merged}': merged gate/up expert stacks are not supported (a file converted with "
+            "--fuse-gate-up-exps); convert without it, for separate ffn_gate_exps and ffn_up_exps"
+        )
     n_experts = keys.int("expert_count")
     n_used = keys.int("expert_used_count")
     if not 0 < n_used <= n_experts:
@@ -306,7 +314,7 @@ def _shared_width(keys: _Keys, tensors: Mapping[str, Any] | None, first_moe_laye
 
 
 def _qwen_moe(keys: _Keys, cfg: dict[str, Any], tensors: Mapping[str, Any] | None) -> MoE:
-    n_experts, n_used, width = _experts(keys, cfg)
+    n_experts, n_used, width = _experts(keys, cfg, tensors)
     # llama.cpp hard-codes softmax routing with renormalised top-k weights for these; the scale is only applied
     # when a file sets one (0 and absent mean none), and qwen3moe never reads it.
     scale = 0.0 if keys.arch == "qwen3moe" else keys.float("expert_weights_scale", 0.0)
@@ -380,7 +388,7 @@ def _mla(keys: _Keys, cfg: dict[str, Any]) -> MLA:
 
 
 def _deepseek_moe(keys: _Keys, cfg: dict[str, Any], tensors: Mapping[str, Any] | None) -> MoE:
-    n_experts, n_used, width = _experts(keys, cfg)
+    n_experts, n_used, width = _experts(keys, cfg, tensors)
     gating_func = keys.int("expert_gating_func", 0) or 1  # absent: softmax, as in DeepSeek V2/V2.5 files
     if gating_func not in _GATING_FUNCS:
         raise UnsupportedArchitecture(f"'{keys.arch}.expert_gating_func'={gating_func} is not supported")

@@ -8,7 +8,10 @@ import math
 
 import gguf
 import numpy as np
+import pytest
 
+from engine.config import ModelConfig
+from engine.errors import UnsupportedArchitecture
 from engine.gguf import read
 from tests import synthetic
 
@@ -134,3 +137,22 @@ def test_llama_with_experts_equals_naive_reference(tmp_path):
     for prefill in (30, 22, 1):  # one chunk; a chunk then decode steps; decode steps only
         got = synthetic.logits(r, ids, prefill=prefill)
         np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max(), err_msg=f"prefill={prefill}")
+
+
+def test_merged_gate_up_stacks_are_refused_naming_the_tensor(tmp_path):
+    """A file whose gate and up stacks were fused (llama.cpp's --fuse-gate-up-exps: ffn_gate_up_exps, each expert's
+    gate rows then its up rows) is an unsupported_architecture naming the tensor, from the config both backends are
+    built from, before any weight is read."""
+    t = llama_moe_tensors(3)
+    for i in range(LAYERS):
+        b = f"blk.{i}."
+        t[b + "ffn_gate_up_exps.weight"] = np.concatenate([t.pop(b + "ffn_gate_exps.weight"),
+                                                           t.pop(b + "ffn_up_exps.weight")], axis=1)  # fmt: skip
+    gf = read(write_llama_moe(str(tmp_path / "fused.gguf"), t))
+    assert gf.tensors["blk.0.ffn_gate_up_exps.weight"].ne == (DIM, 2 * EXPERT_FF, N_EXPERTS)
+    match = r"'blk\.\d\.ffn_gate_up_exps\.weight': merged gate/up expert stacks .*--fuse-gate-up-exps"
+    with pytest.raises(UnsupportedArchitecture, match=match) as e:
+        ModelConfig.from_gguf(gf.metadata, gf.tensors)
+    assert e.value.kind == "unsupported_architecture"
+    with pytest.raises(UnsupportedArchitecture, match=match):
+        synthetic.runner(gf.path)
