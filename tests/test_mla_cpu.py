@@ -11,6 +11,7 @@ import pytest
 
 from engine.config import ModelConfig
 from engine.cpu import ops
+from engine.errors import UnsupportedArchitecture
 from engine.models import mla
 from tests import synthetic
 
@@ -223,3 +224,29 @@ def test_yarn_magnitude_for_other_architectures():
     assert math.isclose(s.mscale, 1 + 0.1 * math.log(4.0))
     cos, sin = ops.rope_angles(np.array([5]), 16, 10000.0, s)
     np.testing.assert_allclose(cos**2 + sin**2, s.mscale**2, rtol=1e-6)
+
+
+def _md(o: dict) -> dict:
+    return {"general.architecture": "deepseek2", "deepseek2.vocab_size": VOCAB} | {
+        f"deepseek2.{k}": v for k, v in _metadata(o).items()
+    }
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda md: md.pop("deepseek2.attention.key_length_mla"),
+         r"without 'deepseek2\.attention\.key_length_mla' \(a pre-MLA conversion with attn_kv_b\)"),
+        (lambda md: md.update({"deepseek2.expert_gating_func": 3}), r"'deepseek2\.expert_gating_func'=3"),
+    ],
+    ids=["pre-MLA", "gating"],
+)  # fmt: skip
+def test_unsupported_variants_name_their_key(change, match):
+    """A pre-MLA conversion (attn_kv_b, no key_length_mla) and a gating function llama.cpp does not implement for
+    deepseek2 are unsupported_architecture errors naming the key, from the config both backends are built from."""
+    md = _md(V3_LIKE)
+    ModelConfig.from_gguf(md)  # the file as it is loads
+    change(md)
+    with pytest.raises(UnsupportedArchitecture, match=match) as e:
+        ModelConfig.from_gguf(md)
+    assert e.value.kind == "unsupported_architecture"
