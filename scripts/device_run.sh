@@ -10,10 +10,15 @@
 #              (make_family_bench_model.py), into bench/models
 #   peer       engine bench --cold $COLD_RUNS --peer llama.cpp=$LLAMA_DIR --plot, per model named in PEER_MODELS
 #   worker     scripts/worker_cold.py on the Qwen3-0.6B-shaped Q4_K_M model (needs the runpod wheels)
+#   profile    engine profile --repeats 50 per model named in PROFILE_MODELS (default: the 4-layer MoE / MLA shapes)
 # Usage: STAGES="tests bench" scripts/device_run.sh
+# Detached, for runs longer than one command (logs in RESULTS instead of $OUT, which each command empties):
+#   RESULTS=/tmp/res STAGES="llamacpp models tests peer" setsid scripts/device_run.sh > /tmp/run.log 2>&1 &
+# then `sleep 100; scripts/device_poll.sh` again and again: a machine left without a command for ~30 s goes back.
+# Each stage appends "STAGE exit N" to RESULTS/progress (or $OUT/progress).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-device-out}"
+OUT="${RESULTS:-${OUT:-device-out}}"
 mkdir -p "$OUT"
 STAGES="${STAGES:-tests}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
@@ -30,6 +35,7 @@ python3 -m engine doctor > "$OUT/doctor.json" 2>&1; python3 -m engine smoke >> "
 cat "$OUT/env.txt" "$OUT/doctor.json"
 
 for stage in $STAGES; do
+  stage_exit=0
   case $stage in
     tests)
       timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider --continue-on-collection-errors \
@@ -76,5 +82,18 @@ for stage in $STAGES; do
       echo "worker exit $?"; tail -3 "$OUT/worker.log" ;;
     conformance)
       python3 scripts/conformance_report.py --backend cuda 2>&1 | tee "$OUT/conformance_cuda.md" ;;
+    profile)
+      for m in ${PROFILE_MODELS:-qwen3-30b-a3b-shaped-4layers deepseek-v2-lite-shaped-4layers}; do
+        f=bench/models/$m.gguf
+        if [ ! -f "$f" ]; then  # SHAPE-shaped-4layers: made here with --layers 4
+          shape=${m%-shaped-4layers}
+          python3 scripts/make_family_bench_model.py --shape "$shape" --layers 4 --out "$f" >> "$OUT/models.log" 2>&1
+        fi
+        python3 -m engine profile "$f" --repeats 50 > "$OUT/profile_$m.json" 2>> "$OUT/profile.log" || stage_exit=$?
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1], r['step_ms'], 'ms a step')" \
+          "$OUT/profile_$m.json"
+      done ;;
   esac
+  status=$?  # the stage's last command (a stage that loops over models keeps its first failure in stage_exit)
+  echo "$stage exit $((stage_exit ? stage_exit : status))" >> "$OUT/progress"
 done
