@@ -45,6 +45,13 @@ def _metadata(o: dict) -> dict:
     return kv
 
 
+def _md(o: dict) -> dict:
+    """_metadata as a file's full key names (what ModelConfig.from_gguf reads), with the vocabulary size."""
+    return {"general.architecture": "deepseek2", "deepseek2.vocab_size": VOCAB} | {
+        f"deepseek2.{k}": v for k, v in _metadata(o).items()
+    }
+
+
 def _tensors(o: dict, w: synthetic.Weights) -> dict[str, np.ndarray]:
     t = {"token_embd.weight": w.mat(VOCAB, D, std=1.0), "output_norm.weight": w.norm(D),
          "output.weight": w.mat(VOCAB, D)}  # fmt: skip
@@ -193,8 +200,7 @@ def test_absorbed_mla_model_equals_naive_reference(tmp_path, o):
 
 
 def test_yarn_angles_and_kq_scale_match_the_reference_formula():
-    md = {"general.architecture": "deepseek2"} | {f"deepseek2.{k}": v for k, v in _metadata(V3_LIKE).items()}
-    md["deepseek2.vocab_size"] = VOCAB
+    md = _md(V3_LIKE)
     md["deepseek2.rope.dimension_count"] = 64
     md["deepseek2.attention.key_length"] = R + 64
     md["deepseek2.attention.key_length_mla"] = NOPE + 64
@@ -224,12 +230,6 @@ def test_yarn_magnitude_for_other_architectures():
     assert math.isclose(s.mscale, 1 + 0.1 * math.log(4.0))
     cos, sin = ops.rope_angles(np.array([5]), 16, 10000.0, s)
     np.testing.assert_allclose(cos**2 + sin**2, s.mscale**2, rtol=1e-6)
-
-
-def _md(o: dict) -> dict:
-    return {"general.architecture": "deepseek2", "deepseek2.vocab_size": VOCAB} | {
-        f"deepseek2.{k}": v for k, v in _metadata(o).items()
-    }
 
 
 @pytest.mark.parametrize(
