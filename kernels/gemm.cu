@@ -1,4 +1,4 @@
-// Prefill matmuls (n > 8 tokens) straight from GGUF blocks: gemm_{t} and gemm_swiglu_{t} for every weight type.
+// Prefill matmuls (n > 64 tokens; fewer in tests and for some types) straight from GGUF blocks: gemm_{t} and gemm_swiglu_{t} for every weight type.
 // Contract (names, arguments, grid/block): kernels/README.md, "gemm.cu". The tile code and its design: gemm_tile.cuh.
 // Block 128 threads, grid (ceil(R / 64), ceil(n / 64)); W rows of K values (K a multiple of 32, of 256 for K-quants),
 // row_bytes apart; A, resid and C 16-byte aligned; A must not overlap C.

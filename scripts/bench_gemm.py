@@ -43,11 +43,13 @@ def weight(rng: np.random.Generator, t: GGMLType, rows: int, cols: int) -> tuple
     return array, DeviceWeight(array.ptr, t, rows, cols, row_bytes(t, cols), t.name)
 
 
-def time_launch(launch: driver.Launch, stream: int, samples: int) -> list[float]:
-    """Per-launch milliseconds, one value per sample."""
+def time_launch(launch: driver.Launch | list[driver.Launch], stream: int, samples: int) -> list[float]:
+    """Per-launch milliseconds (of the whole list, for a list), one value per sample."""
+    launches = launch if isinstance(launch, list) else [launch]
     with memory.Graph(stream) as graph:
         for _ in range(REPS):
-            launch(stream)
+            for one in launches:
+                one(stream)
     timer = memory.Timer(stream)
     for _ in range(3):
         graph.launch()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from engine.config import ModelConfig
-from engine.cuda.dispatch import use_matvec
+from engine.cuda.dispatch import MATVEC_MAX, SMALL_BATCH, use_matvec
 from engine.engine import Engine
 from engine.gguf import read
 from engine.models import specs
@@ -62,7 +62,7 @@ def test_fixture_conformance(pair, record_property):
 
 
 def _tolerance(name: str, ref: np.ndarray, prefill: int) -> float:
-    """F32 files: 1e-4 relative everywhere. Quantized files: the float32 matvec paths (prefill <= MATVEC_MAX)
+    """F32 files: 1e-4 relative everywhere. Quantized files: the float32 small-batch paths (prefill <= MATVEC_MAX)
     within 2e-3 relative of the CPU backend's exact math; a GEMM chunk uses TF32 tensor cores, whose error the
     recurrence carries through every later token, and is held to docs/design.md §7's bound for that path (1.25 x
     llama.cpp's own distance from exact math, which the CPU backend computes)."""
@@ -74,12 +74,13 @@ def _tolerance(name: str, ref: np.ndarray, prefill: int) -> float:
 
 
 def test_cuda_matches_cpu_backend(pair):
-    """Every row of both backends: one GEMM chunk, the matvec-pass sizes around SMALL_BATCH and MATVEC_MAX, pure
-    decode, and a 600-token prompt that runs as two chunks (512 + 88) carrying the recurrent state between them."""
+    """Every row of both backends: one GEMM chunk, the small-batch sizes around SMALL_BATCH, a tc_matvec tile and
+    MATVEC_MAX, pure decode, and a 600-token prompt that runs as two chunks (512 + 88) carrying the recurrent state
+    between them."""
     name, cuda, cpu = pair
     ids = cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n")
     ids = (ids * 4)[:100]
-    for prefill in (len(ids), 49, 48, 9, 8, 7, 2, 1):
+    for prefill in (len(ids), MATVEC_MAX + 1, MATVEC_MAX, 17, 16, SMALL_BATCH + 1, SMALL_BATCH, 7, 2, 1):
         a, b = cuda.logits(ids, prefill=prefill), cpu.logits(ids, prefill=prefill)
         assert np.abs(a - b).max() <= _tolerance(name, b, prefill), (name, prefill, np.abs(a - b).max())
     long_ids = np.random.default_rng(7).integers(0, 998, size=600).tolist()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from engine.config import ModelConfig
+from engine.cuda.dispatch import use_matvec
 from engine.engine import Engine
 from engine.errors import InvalidInput, UnsupportedArchitecture
 from engine.gguf import read
@@ -21,7 +22,8 @@ from tests import conformance as C
 from tests import lora_util, synthetic
 from tests.test_lora_fixture import FIXTURES, load_fixture, make_adapters
 
-PROMPT_IDS = [998, 12, 400, 77, 531, 9, 250, 868, 33, 101, 640, 2, 45, 700, 18, 3, 500, 91, 222, 17] * 3
+# 80 tokens: past dispatch.MATVEC_MAX, so the whole prompt is a GEMM chunk
+PROMPT_IDS = [998, 12, 400, 77, 531, 9, 250, 868, 33, 101, 640, 2, 45, 700, 18, 3, 500, 91, 222, 17] * 4
 
 # A router's top-k gap (in logits) under which the quantized bases' TF32 prefill GEMM may pick either expert of the
 # near-tie: then the logits can differ by far more than the GEMM's own error, and the comparison says nothing about the
@@ -56,7 +58,7 @@ def _min_router_gap(run):
 def _checked_prefill(cpu, cuda, base_name: str, prefill: int) -> tuple[float, float, float] | None:
     """(error, scale, tolerance) of the CUDA rows against the CPU ones, or None where a quantized base's prefill GEMM
     meets a routing near-tie (ROUTING_TIE)."""
-    gemm = not base_name.endswith("f32") and prefill > 48
+    gemm = not base_name.endswith("f32") and not use_matvec(prefill)
     want, gap = _min_router_gap(lambda: _rows(cpu, PROMPT_IDS, prefill))
     if gemm and gap < ROUTING_TIE:
         print(f"{base_name} prefill {prefill}: a router near-tie ({gap:.2g}), the TF32 GEMM comparison skipped")
@@ -93,10 +95,10 @@ def test_cuda_lora_matches_the_cpu_backend(tmp_path, base_name, rank, dtype):
     cuda = Engine.load(base, backend="cuda", max_seq_len=128, lora=adapters)
     plain = Engine.load(base, backend="cuda", max_seq_len=128)
     assert cuda.backend == "cuda" and cuda.model_info["lora"] == cpu.model_info["lora"]
-    for prefill in (len(PROMPT_IDS), 7, 1):  # GEMM chunk, matvec passes, decode steps
+    for prefill in (len(PROMPT_IDS), 20, 7, 1):  # GEMM chunk, tc_matvec, matvec passes, decode steps
         want, got = _rows(cpu, PROMPT_IDS, prefill), _rows(cuda, PROMPT_IDS, prefill)
-        # F32 weights and every matvec: float32 rounding only; quantized weights in the GEMM go through TF32.
-        tol = 1e-4 if base_name.endswith("f32") or prefill <= 48 else 5e-3
+        # F32 weights and every small batch: float32 rounding only; quantized weights in the GEMM go through TF32.
+        tol = 1e-4 if base_name.endswith("f32") or use_matvec(prefill) else 5e-3
         err = float(np.abs(got - want).max())
         assert err <= tol * max(1.0, float(np.abs(want).max())), (base_name, rank, prefill, err, seed)
         assert float(np.abs(_rows(plain, PROMPT_IDS, prefill) - want).max()) > 1e-2  # the adapters are applied
@@ -145,7 +147,7 @@ def test_cuda_lora_of_the_hybrid_and_mla_families_matches_the_cpu_backend(tmp_pa
     cuda = Engine.load(base, backend="cuda", max_seq_len=128, lora=adapters)
     plain = Engine.load(base, backend="cuda", max_seq_len=128)
     assert cuda.backend == "cuda"
-    for prefill in (len(PROMPT_IDS), 7, 1):  # GEMM chunk, matvec passes, decode steps
+    for prefill in (len(PROMPT_IDS), 20, 7, 1):  # GEMM chunk, tc_matvec, matvec passes, decode steps
         checked = _checked_prefill(cpu, cuda, base_name, prefill)
         if checked is not None:
             err, scale, tol = checked
@@ -196,7 +198,7 @@ def test_cuda_lora_of_the_moe_family_matches_the_cpu_backend(tmp_path, base_name
     cuda = Engine.load(base, backend="cuda", max_seq_len=128, lora=adapters)
     plain = Engine.load(base, backend="cuda", max_seq_len=128)
     assert cuda.backend == "cuda"
-    # the grouped expert GEMM (60 tokens), a 3-token matvec pass then decode steps, decode steps alone
+    # the grouped expert GEMM (80 tokens), a 3-token matvec pass then decode steps, decode steps alone
     for prefill in (len(PROMPT_IDS), 3, 1):
         checked = _checked_prefill(cpu, cuda, base_name, prefill)
         if checked is not None:

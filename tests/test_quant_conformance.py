@@ -105,17 +105,19 @@ def test_cpu_backend_matches_exact_math(case):
 
 @pytest.mark.gpu
 def test_cuda_backend_matches_exact_math(case):
-    """The prompts that go through matvec passes (float32 math: at most dispatch.MATVEC_MAX tokens) and their greedy
-    steps on the kernels of every type in the files, against exact math; the longer prompts and a 100-token chunk,
-    which go through the GEMM (TF32 tensor cores), against the CPU backend, as tests/test_cuda_model.py does."""
+    """The prompts that go through small batches (float32 math: matvec passes or tc_matvec, at most
+    dispatch.MATVEC_MAX tokens) and their greedy steps on the kernels of every type in the files, against exact math;
+    the longer prompts and a 100-token chunk, which go through the GEMM (TF32 tensor cores), against the CPU backend,
+    as tests/test_cuda_model.py does."""
     name, ref, npz, cpu = case
     cuda = Engine.load(C.fixture_path(name, ".gguf"), backend="cuda", max_seq_len=128)
     assert cuda.backend == "cuda"
     check_case(cuda, name, ref, npz, max_prompt=MATVEC_MAX)
     chunk = cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n")
     long = [p["token_ids"] for p in ref["prompts"] if len(p["token_ids"]) > MATVEC_MAX]
-    assert long, "no prompt exercises the GEMM path"
-    for ids in [*long, (chunk * 4)[:100]]:
+    chunk = (chunk * 4)[:100]
+    assert len(chunk) > MATVEC_MAX, "the chunk must exercise the GEMM path"
+    for ids in [*long, chunk]:
         a, b = cuda.logits(ids), cpu.logits(ids)
         assert np.abs(a - b).max() <= 2e-3 * max(1.0, np.abs(b).max()), (name, len(ids), np.abs(a - b).max())
 

@@ -71,7 +71,7 @@ def _check_kernel_types(gf) -> None:
 
 
 # The kernel modules (kernels/<name>.cu) every model runs; its architecture's layers and an MoE FFN add theirs.
-BASE_MODULES = ("matvec", "norm_rope", "attention", "embed", "sample", "gemm", "elementwise")
+BASE_MODULES = ("matvec", "tc_matvec", "norm_rope", "attention", "embed", "sample", "gemm", "elementwise")
 
 
 def kernel_modules(config, row: archs.Arch) -> tuple[str, ...]:

@@ -5,12 +5,18 @@ Model families ask here instead of carrying their own thresholds, so a new GPU o
 
 from __future__ import annotations
 
+import os
+
 SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of them: k_matvec.TOKEN_BUCKETS)
 
-# Up to this many tokens, matvec launches of 8 beat the GEMM, whose few 64-token tiles leave most of the GPU idle
-# at small n. Tuned on one H200 (sm_90, 2026-11-29), Qwen3-0.6B shapes: GEMM ~8 ms at n = 16, matvec ~1.3 ms per
-# 8 tokens.
-MATVEC_MAX = 48
+# Up to this many tokens, small-batch launches (engine/cuda/small_batch.py: matvec passes of 8, or one tc_matvec
+# launch) beat the GEMM, whose few 64-token tiles leave most of the GPU idle at small n. Tuned on one H200 (sm_90,
+# 2026-11-29), Qwen3-0.6B shapes: GEMM ~8 ms at n = 16, matvec ~1.3 ms per 8 tokens.
+MATVEC_MAX = 64
+
+# From this many tokens (to MATVEC_MAX), a weight type with a tc_matvec kernel takes one launch of it (every token
+# through one weight read, on tensor cores) instead of matvec passes of SMALL_BATCH.
+TC_MIN = SMALL_BATCH + 1
 
 # Key splits of the decode attention: a fixed grid for every length; 4096 keys -> 128 per block keeps decode cost
 # flat in length (H200, head_dim 128, 2026-11-29).
@@ -38,6 +44,12 @@ def use_stream(rows: int, cols: int, n: int) -> bool:
 def use_matvec(n: int) -> bool:
     """Whether n tokens go through matvec passes (True) or the tiled GEMM (False)."""
     return n <= MATVEC_MAX
+
+
+def use_tc(n: int) -> bool:
+    """Whether n tokens through a weight type that has tc_matvec kernels take one launch of them (REFLEX_TC=0: never,
+    for comparisons)."""
+    return TC_MIN <= n <= MATVEC_MAX and os.environ.get("REFLEX_TC", "1") != "0"
 
 
 def passes(n: int) -> list[tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""Launch wrappers for kernels/gemm.cu: prefill matmuls (n > 8 tokens) straight from GGUF blocks.
+"""Launch wrappers for kernels/gemm.cu: prefill matmuls (n > dispatch.MATVEC_MAX tokens) straight from GGUF blocks.
 
 Each function checks its buffers and returns a `driver.Launch` (it does not launch). Names, argument order, grid and
 block follow kernels/README.md. Buffers may be larger than needed. A, resid and C are read and written as float4 and

@@ -1,10 +1,10 @@
 """The dense family (`qwen3`, `llama`) on the CUDA backend: the same math as models/dense.py, as kernel launches.
 
 Per layer, for a batch of n tokens whose first position is in device memory (`ctrl[0]`):
-  n <= 8 : matvec q, k, v with the attention RMSNorm fused (one launch for those of one type when n = 1);
-           attention; matvec o (+x); matvec gate/up SwiGLU with the
-           FFN RMSNorm fused; matvec down (+x).
-  n >  8 : RMSNorm rows; GEMM q, k, v; attention; GEMM o (+x); RMSNorm rows; GEMM gate/up SwiGLU; GEMM down (+x).
+  n <= 64: small batches (engine/cuda/small_batch.py: matvec passes of <= 8 tokens, or one tc_matvec launch of
+           9..64): q, k, v with the attention RMSNorm fused (one matvec3 launch for those of one type when n = 1);
+           attention; o (+x); gate/up SwiGLU with the FFN RMSNorm fused; down (+x).
+  n >  64: RMSNorm rows; GEMM q, k, v; attention; GEMM o (+x); RMSNorm rows; GEMM gate/up SwiGLU; GEMM down (+x).
 Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n = 1) or causal prefill.
 MoE layers (qwen3moe, Mixtral-style llama) replace the FFN by engine/models/moe_cuda.py's MoEFFN.
 Everything is allocated here, once; building a launch list allocates nothing on the device.
@@ -21,8 +21,8 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
-from engine.cuda import vmm
-from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, passes, use_matvec
+from engine.cuda import small_batch, vmm
+from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -38,12 +38,6 @@ LOGIT_BYTES = 8 << 20  # the full-vocabulary logits buffer: rows computed per ch
 def logit_rows(n_vocab: int) -> int:
     """Rows of the logits buffer: 13 at Qwen3's 151,936 ids, 8 at Qwen3.5's 248,320."""
     return max(SMALL_BATCH, LOGIT_BYTES // (4 * n_vocab))
-
-
-def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
-    """Rows at..at+m-1 of a (rows, width) activation buffer."""
-    width = a.shape[-1]
-    return a.view(at * width, (m, width))
 
 
 class CudaModel:
@@ -139,15 +133,14 @@ class CudaModel:
 
     def _matmul(self, w, x: DeviceArray, n: int, y: DeviceArray, resid: DeviceArray | None = None,
                 norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
-        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): matvec passes of <= 8 tokens, or a GEMM;
+        """y[:n] = (resid +) w · x[:n] (x RMS-normed first when norm_w): a small batch (engine/cuda/small_batch.py)
+        or a GEMM;
         then each LoRA update of w: t = A · x[:n] (the same norm), y[:n] += B' · t."""
         if not use_matvec(n):
             assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
             out = [kg.gemm(w, x, n, y, resid=resid)]
         else:
-            eps = self.cfg.norm_eps
-            out = [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), norm_w=norm_w, eps=eps,
-                             resid=None if resid is None else _rows(resid, at, m)) for at, m in passes(n)]  # fmt: skip
+            out = small_batch.matmul(w, x, n, y, norm_w=norm_w, eps=self.cfg.norm_eps, resid=resid)
         for pair in self.lora.of(w.name):
             t = self.lora.scratch(pair)
             out += self._matmul(pair.a, x, n, t, norm_w=norm_w)
@@ -192,8 +185,7 @@ class CudaModel:
             out += self._matmul(up, src, n, self.hb2, norm_w=norm)
             out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
         elif small:
-            out += [km.matvec_swiglu(gate, up, _rows(src, at, m), m, _rows(self.hb, at, m), norm_w=norm, eps=eps)
-                    for at, m in passes(n)]  # fmt: skip
+            out += small_batch.swiglu(gate, up, src, n, self.hb, norm_w=norm, eps=eps)
         else:
             out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
         out += self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)
@@ -206,8 +198,7 @@ class CudaModel:
         c = self.cfg
         src = self.x.view(first * c.dim, (rows, c.dim))
         if use_matvec(rows):  # float32 math up to MATVEC_MAX rows, as every other matmul (the GEMM is TF32)
-            return [km.matvec(self.output, _rows(src, at, m), m, _rows(self.logits, at, m), norm_w=self.output_norm,
-                              eps=c.norm_eps) for at, m in passes(rows)]  # fmt: skip
+            return small_batch.matmul(self.output, src, rows, self.logits, norm_w=self.output_norm, eps=c.norm_eps)
         normed = self.normed.view(0, (rows, c.dim))
         return [knr.rmsnorm_rows(src, self.output_norm, c.norm_eps, normed, rows),
                 kg.gemm(self.output, normed, rows, self.logits)]  # fmt: skip

@@ -2,7 +2,7 @@
 kernel launches (the same interface as models/dense_cuda.py, whose LM head this reuses).
 
 Per layer, for n tokens at positions pos0.. (`ctrl[0]`), the input RMS-normed by attn_norm (fused into the matvecs
-for n <= 48, rmsnorm_rows + GEMM above):
+for n <= 64, rmsnorm_rows + GEMM above):
   Gated DeltaNet: attn_qkv, attn_gate, ssm_beta, ssm_alpha (or qwen3next's fused ssm_in / ssm_ba, then split_groups)
                   -> gdn_conv_silu (conv state) -> gdn_l2norm_gates -> gdn_recurrence (recurrent state)
                   -> gdn_gated_norm -> ssm_out (+x)
@@ -27,10 +27,9 @@ from engine.cuda import k_deltanet as kd
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
-from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
-from engine.cuda import memory, vmm
-from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
+from engine.cuda import memory, small_batch, vmm
+from engine.cuda.dispatch import N_SPLITS, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -41,12 +40,6 @@ from engine.models.moe_cuda import LORA_TARGETS as MOE_LORA
 from engine.models.moe_cuda import MoEFFN
 from engine.quants import GGMLType
 from engine.weights import group_by_layer, resolve
-
-
-def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
-    """Rows at..at+m-1 of a (rows, width) activation buffer."""
-    width = a.shape[-1]
-    return a.view(at * width, (m, width))
 
 
 def _from(a: DeviceArray, offset: int) -> DeviceArray:
@@ -323,8 +316,7 @@ class CudaModel:
             out += self._matmul(up, src, n, self.hb2, norm_w=norm)
             out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
         elif small:
-            out += [km.matvec_swiglu(gate, up, _rows(src, at, m), m, _rows(self.hb, at, m), norm_w=norm, eps=eps)
-                    for at, m in passes(n)]  # fmt: skip
+            out += small_batch.swiglu(gate, up, src, n, self.hb, norm_w=norm, eps=eps)
         else:
             out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
         out += self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)

@@ -3,7 +3,7 @@ dense FFN layers, then engine/models/moe_cuda.py's MoE FFN (the same interface a
 this reuses).
 
 Per layer, for n tokens at positions pos0.. (`ctrl[0]`), the input RMS-normed by attn_norm (fused into the matvecs
-for n <= 48, rmsnorm_rows + GEMM above):
+for n <= 64, rmsnorm_rows + GEMM above):
   q = attn_q . xn, or attn_q_b . RMSNorm(attn_q_a . xn, attn_q_a_norm)    (n, H, nope + rope)
   kva = attn_kv_a_mqa . xn                                                 (n, R + rope)
   mla_kv_rope: cache row p = [RMSNorm(kva latent) | RoPE(k_pe)], qa[..., R:] = RoPE(q_pe)   (k_norm_rope)
@@ -24,11 +24,10 @@ from engine.cuda import k_attention as ka
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
-from engine.cuda import k_matvec as km
 from engine.cuda import k_mla as kmla
 from engine.cuda import k_norm_rope as knr
-from engine.cuda import vmm
-from engine.cuda.dispatch import N_SPLITS, passes, use_matvec
+from engine.cuda import small_batch, vmm
+from engine.cuda.dispatch import N_SPLITS, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -51,12 +50,6 @@ def kq_scale(cfg: ModelConfig) -> float:
     a0 = s.mscale if s.kind == "yarn" else s.attn_factor * (1.0 + 0.1 * ln_factor)
     mscale = a0 * (1.0 + 0.1 * s.yarn_log_multiplier * ln_factor)
     return mscale * mscale / math.sqrt(cfg.mla.qk_nope_dim + cfg.rope_dim)
-
-
-def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
-    """Rows at..at+m-1 of a (rows, width) activation buffer."""
-    width = a.shape[-1]
-    return a.view(at * width, (m, width))
 
 
 class CudaModel:
@@ -210,8 +203,7 @@ class CudaModel:
             out += self._matmul(up, src, n, self.hb2, norm_w=norm)
             out.append(kel.swiglu(self.hb, self.hb2, self.hb, n * self.cfg.hidden_dim))
         elif use_matvec(n):
-            out += [km.matvec_swiglu(gate, up, _rows(src, at, k), k, _rows(self.hb, at, k), norm_w=norm,
-                                     eps=self.cfg.norm_eps) for at, k in passes(n)]  # fmt: skip
+            out += small_batch.swiglu(gate, up, src, n, self.hb, norm_w=norm, eps=self.cfg.norm_eps)
         else:
             out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
         return out + self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)

@@ -33,10 +33,9 @@ import weakref
 from engine.config import ModelConfig
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_gemm as kg
-from engine.cuda import k_lora, k_moe, memory
-from engine.cuda import k_matvec as km
+from engine.cuda import k_lora, k_moe, memory, small_batch
 from engine.cuda import k_norm_rope as knr
-from engine.cuda.dispatch import SMALL_BATCH, passes, use_matvec
+from engine.cuda.dispatch import SMALL_BATCH, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA, DeviceLora, Pair
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -47,20 +46,11 @@ LORA_TARGETS = frozenset({"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_d
 _SCRATCH: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _rows(a: DeviceArray, at: int, m: int) -> DeviceArray:
-    width = a.shape[-1]
-    return a.view(at * width, (m, width))
-
-
 def _matmul(w: DeviceWeight, x: DeviceArray, n: int, y: DeviceArray, lora: DeviceLora,
             resid: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
-    """y[:n] = (resid +) w . x[:n]: matvec passes of <= 8 tokens, or the GEMM (as the dense family chooses); then
-    each LoRA update of w: t = A . x[:n], y[:n] += B' . t."""
-    if not use_matvec(n):
-        out = [kg.gemm(w, x, n, y, resid=resid)]
-    else:
-        out = [km.matvec(w, _rows(x, at, m), m, _rows(y, at, m), resid=None if resid is None else _rows(resid, at, m))
-               for at, m in passes(n)]  # fmt: skip
+    """y[:n] = (resid +) w . x[:n]: a small batch (engine/cuda/small_batch.py), or the GEMM (as the dense family
+    chooses); then each LoRA update of w: t = A . x[:n], y[:n] += B' . t."""
+    out = small_batch.matmul(w, x, n, y, resid=resid) if use_matvec(n) else [kg.gemm(w, x, n, y, resid=resid)]
     for pair in lora.of(w.name):
         t = lora.scratch(pair)
         out += _matmul(pair.a, x, n, t, NO_LORA)
@@ -213,7 +203,7 @@ class MoEFFN:
             out = _matmul(gate, s.xn, n, s.hs, lora) + _matmul(up, s.xn, n, s.hs2, lora)
             out.append(kel.swiglu(s.hs, s.hs2, s.hs, n * gate.rows))
         elif use_matvec(n):
-            out = [km.matvec_swiglu(gate, up, _rows(s.xn, at, c), c, _rows(s.hs, at, c)) for at, c in passes(n)]
+            out = small_batch.swiglu(gate, up, s.xn, n, s.hs)
         else:
             out = [kg.gemm_swiglu(gate, up, s.xn, n, s.hs)]
         return out + _matmul(down, s.hs, n, s.ys, lora)

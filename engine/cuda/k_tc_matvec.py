@@ -1,0 +1,92 @@
+"""Launch wrappers for kernels/tc_matvec.cu: small-batch matmuls (up to 64 tokens, one weight read) on tensor cores,
+with operands split into two f16 halves so the sums agree with the float32 matvec (fused RMSNorm, residual, SwiGLU).
+
+Each function checks its buffers and returns a `driver.Launch` (it does not launch). Names, argument order, grid and
+block follow kernels/README.md. Buffers may be larger than needed. x and norm_w are read as float4 and weights as
+16-byte granules, so both must be 16-byte aligned (cudaMalloc'd arrays and GGUF tensor offsets are).
+"""
+
+from __future__ import annotations
+
+from engine.cuda import driver
+from engine.cuda.driver import Launch, f32, i32, i64, ptr
+from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
+from engine.errors import CudaError
+from engine.quants import GGMLType
+
+ROWS_PER_BLOCK = 8  # output rows a block; its 8 warps split K
+THREADS = 256
+TOKEN_TILES = (16, 32, 64)  # tcmv_*_m{M} variants; a launch of n tokens uses the smallest M >= n
+MAX_TOKENS = TOKEN_TILES[-1]
+TYPES = frozenset(
+    {GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K,
+     GGMLType.Q6_K}
+)  # fmt: skip
+
+
+def has(ggml_type: int) -> bool:
+    """Whether kernels/tc_matvec.cu builds kernels for this weight type (the quantized common types)."""
+    return ggml_type in TYPES
+
+
+def _tile(n: int) -> int:
+    for m in TOKEN_TILES:
+        if 1 <= n <= m:
+            return m
+    raise CudaError(f"tcmv takes 1 to {MAX_TOKENS} tokens, got {n}")
+
+
+def _check(w: DeviceWeight, x: DeviceArray, n: int, y: DeviceArray, norm_w: DeviceArray | None) -> int:
+    if not has(w.ggml_type):
+        raise CudaError(f"tcmv: no kernel for {w.name}'s type {w.tag}")
+    tile = _tile(n)
+    need_aligned_weight(w)
+    need(x, "x", "f4", n * w.cols, aligned=True)
+    need(y, "y", "f4", n * w.rows)
+    if norm_w is not None:
+        need(norm_w, "norm_w", "f4", w.cols, aligned=True)
+    return tile
+
+
+def _grid(rows: int) -> tuple[int]:
+    return ((rows + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK,)
+
+
+def tcmv(
+    w: DeviceWeight,  # (R, K) GGUF blocks
+    x: DeviceArray,  # (n, K) f4
+    n: int,  # tokens, 1..64
+    y: DeviceArray,  # (n, R) f4; y = resid + w . rmsnorm(x)
+    *,
+    norm_w: DeviceArray | None = None,  # (K,) f4: RMS-normalise x first (per token), times norm_w
+    eps: float = 0.0,
+    resid: DeviceArray | None = None,  # (n, R) f4, may be y itself
+) -> Launch:
+    tile = _check(w, x, n, y, norm_w)
+    if resid is not None:
+        need(resid, "resid", "f4", n * w.rows)
+    fn = driver.module("tc_matvec").fn(f"tcmv_{w.tag}_m{tile}")
+    args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
+            ptr(y)]  # fmt: skip
+    return Launch(fn, _grid(w.rows), (THREADS,), args)
+
+
+def tcmv_swiglu(
+    wg: DeviceWeight,  # (R, K) GGUF blocks: ffn_gate
+    wu: DeviceWeight,  # (R, K) same type and layout: ffn_up
+    x: DeviceArray,  # (n, K) f4
+    n: int,  # tokens, 1..64
+    y: DeviceArray,  # (n, R) f4; y = silu(wg . xn) * (wu . xn), xn = rmsnorm(x) or x
+    *,
+    norm_w: DeviceArray | None = None,  # (K,) f4
+    eps: float = 0.0,
+) -> Launch:
+    if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
+        raise CudaError(f"tcmv_swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
+                        f"{wu.rows}x{wu.cols}")  # fmt: skip
+    tile = _check(wg, x, n, y, norm_w)
+    need_aligned_weight(wu)
+    fn = driver.module("tc_matvec").fn(f"tcmv_swiglu_{wg.tag}_m{tile}")
+    args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(x), i32(n), ptr(norm_w),
+            f32(eps), ptr(y)]  # fmt: skip
+    return Launch(fn, _grid(wg.rows), (THREADS,), args)

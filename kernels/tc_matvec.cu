@@ -1,0 +1,251 @@
+// Small-batch matmuls on tensor cores (9..64 tokens, one weight read for all of them), float32-exact in effect.
+// Contract (names, arguments, grid/block): kernels/README.md, "tc_matvec.cu".
+//
+// tcmv_{t}_m{M}: y[t, r] = (resid[t, r] +) W[r] . xn[t] for n <= M tokens (M = 16, 32, 64), xn = x or RMSNorm(x);
+// tcmv_swiglu_{t}_m{M}: y = silu(Wg . xn) * (Wu . xn). The quantized common types (q8_0 ... q6_k).
+//
+// A block (8 warps) owns weight rows [8 b, +8) and every token; its warps split K (both matrices of a SwiGLU: warps
+// 0-3 on Wg, 4-7 on Wu) in chunks of 32 values, chunk c to warp c mod (warps a matrix), and reduce over shared memory
+// in a fixed order at the end. A chunk is two mma.m16n8k16 steps per 16 tokens: the tokens are the M side (A, row
+// major), the block's 8 rows the N side (B, column major), so one weight fragment serves all the token tiles.
+//
+// K order inside a chunk. mma wants lane (g, q) = (lane / 4, lane % 4) to hold k slots {2q, 2q+1, 2q+8, 2q+9} of a
+// k16 step for A's rows g, g+8 and B's column g. The sum over k does not care which value sits in which slot, as
+// long as A and B agree, so lane (g, q) takes the chunk's values [8q, 8q + 8): step 0 puts values 8q + {0,1} in slots
+// 2q + {0,1} and 8q + {2,3} in 2q + {8,9}; step 1 the same with 8q + {4..7}. Then every lane reads whole 8-value
+// groups: one Quant<T>::load8 of its row g, and 32 contiguous bytes of x per token.
+//
+// Precision: each operand is split into two f16 halves, v = hi + lo * 2^-11 (lo = f16((v - hi) * 2^11)), and a k16
+// step is three mma (hi.hi, then hi.lo + lo.hi into a second accumulator scaled by 2^-11 at the end of the chunk):
+// about 22 bits of each operand, products exact, float32 sums. x enters scaled by a power of two per (token, chunk)
+// (|x| < 2 after it: no f16 overflow, and the scale is undone exactly on the chunk's sums); RMSNorm's rsqrt scale
+// factors out of the dot products and is applied last, as in matvec_block.cuh. Agreement with the float32 matvec is
+// at the level of float32 rounding (tests/test_cuda_tc_matvec.py).
+//
+// Weight rows of at most STAGE_MAX_K values are staged through shared memory first (stage.cuh; matvec_block.cuh's
+// reasons), longer ones are read from global memory directly. Rows past R re-read row R - 1 and tokens past n token
+// n - 1; neither is written.
+#include "common.cuh"
+#include "pdl.cuh"
+#include "quant.cuh"
+#include "stage.cuh"
+
+namespace {
+
+constexpr int ROWS = 8, WARPS = 8, THREADS = 32 * WARPS;
+constexpr int STAGE_MAX_K = 2048;
+constexpr float LO_UP = 2048.f, LO_DOWN = 1.f / 2048.f;  // 2^11: lo halves are kept scaled up into f16's range
+
+template <int T>
+constexpr int PITCH = stage::pitch(STAGE_MAX_K / q::Quant<T>::QK * q::Quant<T>::BYTES);
+
+// A value's two f16 halves, packed with its neighbour's: hi = (f16(a), f16(b)), lo = the remainders times 2^11.
+__device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t& lo) {
+    const __half2 h = __floats2half2_rn(a, b);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn((a - hf.x) * LO_UP, (b - hf.y) * LO_UP);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// d += A (16 x 16, row major) . B (16 x 8, column major), f16 operands, f32 accumulators. sm_75 has no k16 form:
+// two k8 steps, A's registers {0, 1} with B's 0 (slots 2q + {0,1}), then {2, 3} with B's 1 (slots 2q + {8,9}).
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[2]), "r"(a[3]), "r"(b1));
+#endif
+}
+
+// (down, up) = (2^-e, 2^e) for the power of two 2^e <= amax < 2^(e+1): amax * down < 2. amax = 0 (or denormal) takes
+// e = -126; e is capped below infinity's exponent.
+__device__ __forceinline__ void pow2_scale(float amax, float& down, float& up) {
+    const int e = min(max((__float_as_int(amax) >> 23) & 0xff, 1), 253);  // biased exponent
+    down = __int_as_float((254 - e) << 23);
+    up = __int_as_float(e << 23);
+}
+
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {  // plain loads: activations, after the wait
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// One 16-token tile through one chunk: x0, x1 are this lane's 8 values of tokens g and g + 8 (times norm_w when
+// normed), b, bl the weight fragments' hi and lo halves (steps 0 and 1); acc[0..1] are token g's sums for rows 2q,
+// 2q + 1, acc[2..3] token g + 8's.
+__device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x1)[8], const uint32_t (&b)[4],
+                                           const uint32_t (&bl)[4], float (&acc)[4]) {
+    float am0 = 0.f, am1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) am0 = fmaxf(am0, fabsf(x0[i])), am1 = fmaxf(am1, fabsf(x1[i]));
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {  // the quad (lanes 4g .. 4g + 3) holds the chunk's 32 values of both tokens
+        am0 = fmaxf(am0, __shfl_xor_sync(cm::FULL, am0, o));
+        am1 = fmaxf(am1, __shfl_xor_sync(cm::FULL, am1, o));
+    }
+    float down0, up0, down1, up1;
+    pow2_scale(am0, down0, up0);
+    pow2_scale(am1, down1, up1);
+    float hh[4] = {0.f, 0.f, 0.f, 0.f}, side[4] = {0.f, 0.f, 0.f, 0.f};  // hi.hi; hi.lo + lo.hi (times 2^11)
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {  // step s: values 4s + {0,1} in slots 2q + {0,1}, 4s + {2,3} in 2q + {8,9}
+        uint32_t ah[4], al[4];
+        split2(x0[4 * s] * down0, x0[4 * s + 1] * down0, ah[0], al[0]);
+        split2(x1[4 * s] * down1, x1[4 * s + 1] * down1, ah[1], al[1]);
+        split2(x0[4 * s + 2] * down0, x0[4 * s + 3] * down0, ah[2], al[2]);
+        split2(x1[4 * s + 2] * down1, x1[4 * s + 3] * down1, ah[3], al[3]);
+        mma(hh, ah, b[2 * s], b[2 * s + 1]);
+        mma(side, ah, bl[2 * s], bl[2 * s + 1]);
+        mma(side, al, b[2 * s], b[2 * s + 1]);
+    }
+    acc[0] = fmaf(up0, fmaf(side[0], LO_DOWN, hh[0]), acc[0]);
+    acc[1] = fmaf(up0, fmaf(side[1], LO_DOWN, hh[1]), acc[1]);
+    acc[2] = fmaf(up1, fmaf(side[2], LO_DOWN, hh[2]), acc[2]);
+    acc[3] = fmaf(up1, fmaf(side[3], LO_DOWN, hh[3]), acc[3]);
+}
+
+// The block's rows for MT 16-token tiles and NM matrices (1: W0; 2: silu(W0 .) * (W1 .)).
+template <int T, int MT, int NM>
+__device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
+                                           const float* x, int n, const float* norm_w, float eps, const float* resid,
+                                           float* y) {
+    constexpr int TEAM = WARPS / NM, NTOK = 16 * MT, P = PITCH<T>;
+    constexpr int STAGE_BYTES = NM * ROWS * P, RED_BYTES = 4 * (WARPS * NTOK * ROWS + TEAM * NTOK);
+    // The staged rows, then (after a barrier) the warps' partial sums over the same bytes.
+    __shared__ __align__(16) uint8_t smem[STAGE_BYTES > RED_BYTES ? STAGE_BYTES : RED_BYTES];
+    float* red = reinterpret_cast<float*>(smem);  // [warp][token * 8 + row]
+    float* red_ss = red + WARPS * NTOK * ROWS;    // [slice][token]: sums of squares of x from team 0
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, qd = lane & 3;
+    const int team = warp / TEAM, slice = warp % TEAM, r0 = blockIdx.x * ROWS;
+    const uint8_t* row = (team ? W1 : W0) + (long long)min(r0 + g, R - 1) * row_bytes;
+
+    const bool staged = K <= STAGE_MAX_K;
+    if (staged) {
+        constexpr int NG = P / 16;  // granules a staged row
+        for (int i = tid; i < NM * ROWS * NG; i += THREADS) {
+            const int s = i / NG;  // staged row s: matrix s / 8, row r0 + s % 8
+            const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(r0 + s % ROWS, R - 1) * row_bytes;
+            stage::granule(smem + s * P, src, int(row_bytes), i - s * NG);
+        }
+        stage::wait();
+        __syncthreads();
+        row = stage::landed(smem + (team * ROWS + g) * P, row);
+    }
+
+    int xo[MT][2];  // this lane's tokens g and g + 8 of each tile, clamped to the last (n * K < 2^31: n <= 64)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) xo[m][0] = min(16 * m + g, n - 1) * K, xo[m][1] = min(16 * m + g + 8, n - 1) * K;
+    float acc[MT][4], ss[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+        ss[m][0] = ss[m][1] = 0.f;
+    }
+    const int chunks = K >> 5;
+    for (int c = slice; c < chunks; c += TEAM) {
+        const int k = 32 * c + 8 * qd;  // this lane's 8 values of the chunk
+        float w[8];
+        q::Quant<T>::load8(row, k >> 3, w);
+        uint32_t b[4], bl[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) split2(w[2 * i], w[2 * i + 1], b[i], bl[i]);
+        float nw[8];
+        if (norm_w) load8(norm_w + k, nw);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            float x0[8], x1[8];
+            load8(x + xo[m][0] + k, x0);
+            load8(x + xo[m][1] + k, x1);
+            if (norm_w) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    ss[m][0] = fmaf(x0[i], x0[i], ss[m][0]);
+                    ss[m][1] = fmaf(x1[i], x1[i], ss[m][1]);
+                    x0[i] *= nw[i];
+                    x1[i] *= nw[i];
+                }
+            }
+            tile_chunk(x0, x1, b, bl, acc[m]);
+        }
+    }
+
+    if (staged) __syncthreads();  // every warp is done with the staged rows: red goes over them
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        const int t0 = 16 * m + g;  // acc[m][0..1]: token t0, rows 2q, 2q+1; acc[m][2..3]: token t0 + 8
+        *reinterpret_cast<float2*>(red + warp * NTOK * ROWS + t0 * ROWS + 2 * qd) = make_float2(acc[m][0], acc[m][1]);
+        *reinterpret_cast<float2*>(red + warp * NTOK * ROWS + (t0 + 8) * ROWS + 2 * qd) =
+            make_float2(acc[m][2], acc[m][3]);
+        if (norm_w) {
+#pragma unroll
+            for (int o = 1; o <= 2; o <<= 1) {
+                ss[m][0] += __shfl_xor_sync(cm::FULL, ss[m][0], o);
+                ss[m][1] += __shfl_xor_sync(cm::FULL, ss[m][1], o);
+            }
+            if (team == 0 && qd == 0) red_ss[slice * NTOK + t0] = ss[m][0], red_ss[slice * NTOK + t0 + 8] = ss[m][1];
+        }
+    }
+    __syncthreads();
+
+    for (int i = tid; i < NTOK * ROWS; i += THREADS) {  // output (token i / 8, row r0 + i % 8)
+        const int t = i / ROWS, r = r0 + i % ROWS;
+        if (t >= n || r >= R) continue;
+        float a = 0.f, b = 0.f, s = 1.f;
+#pragma unroll
+        for (int w = 0; w < TEAM; ++w) a += red[w * NTOK * ROWS + i];
+        if constexpr (NM == 2) {
+#pragma unroll
+            for (int w = 0; w < TEAM; ++w) b += red[(TEAM + w) * NTOK * ROWS + i];
+        }
+        if (norm_w) {
+            float q = 0.f;
+#pragma unroll
+            for (int w = 0; w < TEAM; ++w) q += red_ss[w * NTOK + t];
+            s = rsqrtf(q / float(K) + eps);
+        }
+        const long long o = (long long)t * R + r;
+        if constexpr (NM == 1) {
+            y[o] = resid ? resid[o] + s * a : s * a;  // resid may be y: this thread alone reads and writes y[o]
+        } else {
+            const float gate = s * a;
+            y[o] = gate / (1.f + expf(-gate)) * (s * b);
+        }
+    }
+}
+
+// Before the wait (pdl.cuh): the block's rows into L2, while the kernel that computes x may still run.
+__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R) {
+    const int r0 = blockIdx.x * ROWS;
+    if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(ROWS, R - r0) * row_bytes);
+}
+
+}  // namespace
+
+#define TCMV(tag, T, M)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                         \
+        tcmv_##tag##_m##M(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,               \
+                          const float* norm_w, float eps, const float* resid, float* y) {                           \
+        pdl::launch_dependents();                                                                                   \
+        prefetch_rows(W, row_bytes, R);                                                                             \
+        pdl::wait();                                                                                                \
+        tcmv_block<T, M / 16, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y);                               \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                         \
+        tcmv_swiglu_##tag##_m##M(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,           \
+                                 const float* x, int n, const float* norm_w, float eps, float* y) {                 \
+        pdl::launch_dependents();                                                                                   \
+        prefetch_rows(Wg, row_bytes, R);                                                                            \
+        prefetch_rows(Wu, row_bytes, R);                                                                            \
+        pdl::wait();                                                                                                \
+        tcmv_block<T, M / 16, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y);                           \
+    }
+#define TCMV_KERNELS(tag, T) TCMV(tag, T, 16) TCMV(tag, T, 32) TCMV(tag, T, 64)
+
+TCMV_KERNELS(q8_0, q::Q8_0) TCMV_KERNELS(q4_0, q::Q4_0) TCMV_KERNELS(q4_1, q::Q4_1) TCMV_KERNELS(q5_0, q::Q5_0)
+TCMV_KERNELS(q5_1, q::Q5_1) TCMV_KERNELS(q4_k, q::Q4_K) TCMV_KERNELS(q5_k, q::Q5_K) TCMV_KERNELS(q6_k, q::Q6_K)

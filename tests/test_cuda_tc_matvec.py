@@ -1,0 +1,132 @@
+"""kernels/tc_matvec.cu (small batches on tensor cores) against NumPy float64 on the dequantized weights, held to the
+float32 matvec's bound (1e-5 of sum |w * x| a row): the split-f16 operands are meant to leave nothing of f16's
+rounding in the sums.
+
+Fresh random inputs every run; the seed is in every failure message and TC_SEED=<seed> replays it. Outputs are
+poisoned (0xFF bytes: NaN) first, so an unwritten element fails, and rows of tokens past n must stay poisoned.
+Weights and inputs are allocated to the byte, so compute-sanitizer sees any overrun.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from engine.cuda import dispatch, k_tc_matvec
+from engine.cuda.memory import DeviceArray
+from engine.errors import CudaError
+from engine.quants import GGMLType
+from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
+from tests.test_cuda_matvec import RTOL, assert_close, assert_untouched, inputs, poisoned, rmsnorm, run
+
+pytestmark = pytest.mark.gpu
+
+TYPES = sorted(k_tc_matvec.TYPES)
+# (n, R, K): n at and past each token tile (16, 32, 64) and at the smallest batch the engine sends; R not a multiple
+# of the block's 8 rows (and below it); K from one K-quant block to past the staged width (2048: 3072 and 4352 are
+# read from global memory) and a 32-value-block width (96) that no K-quant has.
+SHAPES = [(9, 13, 256), (16, 1003, 1024), (17, 67, 2048), (33, 5, 3072), (64, 40, 4352), (48, 24, 96)]
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(os.environ.get("TC_SEED") or np.random.default_rng().integers(2**63))
+
+
+def check(got: np.ndarray, n: int, ref: np.ndarray, tol: np.ndarray, context: str) -> None:
+    assert_close(got[:n], ref, tol, context)
+    assert_untouched(got[n:], context)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "n{}_R{}_K{}".format(*s))
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_tcmv(ggml_type: GGMLType, shape: tuple[int, int, int], seed: int) -> None:
+    n, rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, ggml_type, rows, cols)
+    x, norm_w = inputs(rng, n, cols)
+    resid = rng.normal(size=(n, rows)).astype(np.float32)
+    eps = 1e-6
+    d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
+    for norm in (False, True):
+        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+        ref = xn @ w.dense.T  # (n, rows)
+        tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
+        context = f"tcmv {ggml_type.name} n={n} R={rows} K={cols} norm={norm} seed={seed}"
+
+        y = poisoned((k_tc_matvec.MAX_TOKENS, rows))
+        run(k_tc_matvec.tcmv(w.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))
+        check(y.to_host(), n, ref, tol, context)
+
+        y_res = DeviceArray.from_host(resid)  # in-place residual add: resid is y
+        run(k_tc_matvec.tcmv(w.dev, d_x, n, y_res, norm_w=d_norm if norm else None, eps=eps, resid=y_res))
+        assert_close(y_res.to_host(), resid + ref, tol + 1e-7 * np.abs(resid), context + " resid=y")
+
+
+SWIGLU_SHAPES = [(9, 13, 256), (32, 100, 1024), (64, 19, 3072)]
+
+
+@pytest.mark.parametrize("shape", SWIGLU_SHAPES, ids=lambda s: "n{}_R{}_K{}".format(*s))
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_tcmv_swiglu(ggml_type: GGMLType, shape: tuple[int, int, int], seed: int) -> None:
+    n, rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    rng = np.random.default_rng(seed)
+    wg, wu = Weight(rng, ggml_type, rows, cols), Weight(rng, ggml_type, rows, cols)
+    x, norm_w = inputs(rng, n, cols)
+    eps = 1e-6
+    d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
+    for norm in (False, True):
+        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+        g, u = xn @ wg.dense.T, xn @ wu.dense.T  # (n, rows)
+        silu = g / (1 + np.exp(-g))
+        ref = silu * u
+        # Each product's float32 error (matvec's bound) carried through silu(g) * u; silu' is at most 1.1.
+        tol_g = RTOL * (np.abs(xn) @ np.abs(wg.dense).T)
+        tol_u = RTOL * (np.abs(xn) @ np.abs(wu.dense).T)
+        tol = 1.1 * tol_g * np.abs(u) + np.abs(silu) * tol_u + 1e-6 * np.abs(ref) + 1e-30
+        context = f"tcmv_swiglu {ggml_type.name} n={n} R={rows} K={cols} norm={norm} seed={seed}"
+        y = poisoned((k_tc_matvec.MAX_TOKENS, rows))
+        run(k_tc_matvec.tcmv_swiglu(wg.dev, wu.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))
+        check(y.to_host(), n, ref, tol, context)
+
+
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=lambda t: t.name)
+def test_tcmv_wide_range(ggml_type: GGMLType, seed: int) -> None:
+    """Activations far outside f16's range (1e6) beside tiny ones (1e-6) in the same 32-value chunks, and a token of
+    zeros: the per-chunk power-of-two scale keeps every product at float32 accuracy and nothing overflows."""
+    n, rows, cols = 20, 29, 512
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, ggml_type, rows, cols)
+    x = rng.normal(size=(n, cols)) * 10.0 ** rng.integers(-6, 7, size=(n, cols))  # (n, cols): 1e-6 .. 1e6
+    x[3] = 0.0
+    x = x.astype(np.float32)
+    ref = x.astype(np.float64) @ w.dense.T
+    tol = RTOL * (np.abs(x.astype(np.float64)) @ np.abs(w.dense).T) + 1e-30
+    y = poisoned((n, rows))
+    d_x = DeviceArray.from_host(x)
+    run(k_tc_matvec.tcmv(w.dev, d_x, n, y))
+    assert_close(y.to_host(), ref, tol, f"tcmv wide range {ggml_type.name} seed={seed}")
+
+
+def test_tcmv_refuses_what_it_cannot_compute() -> None:
+    rng = np.random.default_rng(0)
+    q4 = Weight(rng, GGMLType.Q4_K, 8, 256)
+    f32 = Weight(rng, GGMLType.F32, 8, 256)
+    x = DeviceArray.empty((65, 256))
+    y = DeviceArray.empty((65, 8))
+    with pytest.raises(CudaError, match="1 to 64 tokens"):
+        k_tc_matvec.tcmv(q4.dev, x, 65, y)
+    with pytest.raises(CudaError, match="no kernel"):
+        k_tc_matvec.tcmv(f32.dev, x, 16, y)
+    with pytest.raises(CudaError, match="x: needs"):
+        k_tc_matvec.tcmv(q4.dev, DeviceArray.empty((8, 256)), 16, y)
+
+
+def test_the_rule_sends_batches_past_one_pass_to_tc() -> None:
+    assert not dispatch.use_tc(dispatch.SMALL_BATCH)
+    assert dispatch.use_tc(dispatch.SMALL_BATCH + 1) and dispatch.use_tc(dispatch.MATVEC_MAX)
+    assert dispatch.MATVEC_MAX <= k_tc_matvec.MAX_TOKENS
