@@ -9,22 +9,23 @@
 // next stage's global loads late, right before their use (the latency the double buffer exists to hide).
 #define GEMM_BOUNDS __launch_bounds__(gemm::THREADS, 2)
 
-// C[n, R] = A[n, K] . W^T (+ resid[n, R], which may be C itself)
+// C[n, R] = A[n, K] . W^T (+ resid[n, R], which may be C itself); gridDim.z = S > 1 splits K (gemm_tile.cuh, Split)
 #define GEMM_KERNELS(tag, T)                                                                                          \
-    extern "C" __global__ void GEMM_BOUNDS                                                       \
+    extern "C" __global__ void GEMM_BOUNDS                                                                            \
         gemm_##tag(const uint8_t* __restrict__ W, long long row_bytes, int R, int K, const float* __restrict__ A,     \
-                   int n, const float* resid, float* C) {                                                            \
-        pdl::begin();                                                                                                \
+                   int n, const float* resid, float* C, float* part, int* tickets) {                                 \
+        pdl::begin();                                                                                                 \
         const uint8_t* const w[1] = {W};                                                                              \
-        gemm::tile<T, 1>(w, row_bytes, R, K, A, n, resid, C);                                                        \
+        gemm::tile<T, 1>(w, row_bytes, R, K, A, n, resid, C, {part, tickets});                                       \
     }                                                                                                                 \
     /* C[n, R] = silu(A . Wg^T) * (A . Wu^T), Wg and Wu both of type T and shape [R, K] */                            \
-    extern "C" __global__ void GEMM_BOUNDS                                                       \
+    extern "C" __global__ void GEMM_BOUNDS                                                                            \
         gemm_swiglu_##tag(const uint8_t* __restrict__ Wg, const uint8_t* __restrict__ Wu, long long row_bytes, int R, \
-                          int K, const float* __restrict__ A, int n, float* __restrict__ C) {                         \
+                          int K, const float* __restrict__ A, int n, float* __restrict__ C, float* part,              \
+                          int* tickets) {                                                                             \
         pdl::begin();                                                                                                 \
         const uint8_t* const w[2] = {Wg, Wu};                                                                         \
-        gemm::tile<T, 2>(w, row_bytes, R, K, A, n, nullptr, C);                                                      \
+        gemm::tile<T, 2>(w, row_bytes, R, K, A, n, nullptr, C, {part, tickets});                                     \
     }
 
 Q_FOR_EACH_TYPE(GEMM_KERNELS)

@@ -163,6 +163,15 @@ struct SimtAcc {
             for (int j = 0; j < 8; ++j)
                 sC[(ty + 16 * i) * CLD + tx + 8 * j] = NW == 2 ? silu(c[0][i][j]) * c[NW - 1][i][j] : c[0][i][j];
     }
+
+    // Matrix m's sums alone (a split-K partial).
+    __device__ __forceinline__ void stage_one(float* sC, int m) const {
+        const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sC[(ty + 16 * i) * CLD + tx + 8 * j] = m ? c[NW - 1][i][j] : c[0][i][j];
+    }
 };
 
 #if GEMM_TF32
@@ -240,6 +249,17 @@ struct TcAcc {
                                         wmma::mem_row_major);
             }
     }
+
+    // Matrix m's sums alone (a split-K partial).
+    __device__ __forceinline__ void stage_one(float* sC, int m) {
+        const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                wmma::store_matrix_sync(sC + (32 * wm + 16 * i) * CLD + 32 * wn + 16 * j, m ? c[NW - 1][i][j] : c[0][i][j],
+                                        CLD, wmma::mem_row_major);
+    }
 };
 #endif
 
@@ -271,9 +291,51 @@ __device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0
     }
 }
 
+// Split-K (gemm.cu with gridDim.z = S > 1): block z of tile (x, y) sums K values [z K / S, +K / S) and writes its
+// raw 64 x 64 tile of each matrix to part[(z * NW + m) * tiles + tile][token][row]; the block that then takes the
+// tile's last ticket sums the S partials in z order (so the result does not depend on which block came last),
+// applies SwiGLU / the residual, writes C and zeroes the ticket for the next launch. tiles = gridDim.x * gridDim.y.
+struct Split {
+    float* part;   // [S * NW * tiles][64][64] f32
+    int* tickets;  // [tiles], zero between launches
+};
+
+// The staged tile sC (over the stage buffers) to or from part's 64 x 64 slot p, as float4s (item i: token i / 16,
+// float4 i % 16); from part through L2 only (__ldcg): the slots were written by other blocks.
+__device__ __forceinline__ void tile_to(const float* sC, float* p) {
+#pragma unroll
+    for (int q = 0; q < BM * BN / 4 / THREADS; ++q) {
+        const int i = threadIdx.x + THREADS * q, tok = i >> 4, c4 = 4 * (i & 15);
+        *reinterpret_cast<float4*>(p + tok * BN + c4) = *reinterpret_cast<const float4*>(sC + tok * CLD + c4);
+    }
+}
+
+template <int NW>
+__device__ __forceinline__ void sum_partials(const float* part, int S, int tiles, int tile, float* sC) {
+#pragma unroll
+    for (int q = 0; q < BM * BN / 4 / THREADS; ++q) {
+        const int i = threadIdx.x + THREADS * q, tok = i >> 4, c4 = 4 * (i & 15);
+        float4 v[NW];
+#pragma unroll
+        for (int m = 0; m < NW; ++m) v[m] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int z = 0; z < S; ++z)
+#pragma unroll
+            for (int m = 0; m < NW; ++m) {
+                const float4 a = __ldcg(reinterpret_cast<const float4*>(part + ((long long)(z * NW + m) * tiles + tile)
+                                                                                   * (BM * BN) + tok * BN + c4));
+                v[m].x += a.x, v[m].y += a.y, v[m].z += a.z, v[m].w += a.w;
+            }
+        if constexpr (NW == 2)
+            v[0] = make_float4(silu(v[0].x) * v[1].x, silu(v[0].y) * v[1].y, silu(v[0].z) * v[1].z,
+                               silu(v[0].w) * v[1].w);
+        *reinterpret_cast<float4*>(sC + tok * CLD + c4) = v[0];
+    }
+}
+
 template <int T, int NW>
 __device__ __forceinline__ void tile(const uint8_t* const (&W)[NW], long long row_bytes, int R, int K,
-                                     const float* __restrict__ A, int n, const float* resid, float* C) {
+                                     const float* __restrict__ A, int n, const float* resid, float* C,
+                                     Split split = {nullptr, nullptr}) {
     using Cf = Cfg<NW>;
     constexpr bool TC = GEMM_TF32 && !is_float_type(T);
 #if GEMM_TF32
@@ -282,25 +344,48 @@ __device__ __forceinline__ void tile(const uint8_t* const (&W)[NW], long long ro
     using Acc = SimtAcc<NW>;
 #endif
     __shared__ __align__(128) float smem[Cf::SMEM];
+    __shared__ int last;
     const int r0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
-    const int nk = K / Cf::BK;
+    const int S = split.part ? int(gridDim.z) : 1, span = K / S, k0 = span * int(blockIdx.z);  // span % BK == 0
+    const int nk = span / Cf::BK;
 
     Stage<T, NW, TC> st;
     Acc acc;
     acc.zero();
-    st.load(A, K, t0, n, W, row_bytes, r0, R, 0);
+    st.load(A, K, t0, n, W, row_bytes, r0, R, k0);
     st.store(smem);
     __syncthreads();
     for (int kt = 0; kt < nk; ++kt) {
         // The next stage; on the last pass the last one again (in bounds; it lands in a buffer no one reads).
-        st.load(A, K, t0, n, W, row_bytes, r0, R, min(kt + 1, nk - 1) * Cf::BK);
+        st.load(A, K, t0, n, W, row_bytes, r0, R, k0 + min(kt + 1, nk - 1) * Cf::BK);
         acc.mma(smem + (kt & 1) * Cf::STAGE);
         st.store(smem + ((kt + 1) & 1) * Cf::STAGE);
         __syncthreads();
     }
-    acc.stage_out(smem);  // sC over the stage buffers: the loop's last barrier ended every read of them
+    if (S == 1) {
+        acc.stage_out(smem);  // sC over the stage buffers: the loop's last barrier ended every read of them
+        __syncthreads();
+        write_out(smem, t0, n, r0, R, resid, C);
+        return;
+    }
+    const int tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+        acc.stage_one(smem, m);
+        __syncthreads();
+        tile_to(smem, split.part + ((long long)(blockIdx.z * NW + m) * tiles + tile) * (BM * BN));
+        __syncthreads();
+    }
+    __threadfence();  // this block's partials are visible to whichever block takes the last ticket
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(split.tickets + tile, 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    sum_partials<NW>(split.part, S, tiles, tile, smem);
     __syncthreads();
     write_out(smem, t0, n, r0, R, resid, C);
+    if (threadIdx.x == 0) split.tickets[tile] = 0;
 }
 
 }  // namespace gemm

@@ -1,6 +1,6 @@
 """Small-batch matmul timings on this GPU for Qwen3-0.6B's matrices (Q4_K, Q6_K): matvec passes of 8, one tc_matvec
-launch and the GEMM, per token count, as a markdown table; the kernel-choice rules in engine/cuda/dispatch.py come
-from it.
+launch, the GEMM whole and split over K, per token count, as a markdown table; the kernel-choice rules in
+engine/cuda/dispatch.py come from it.
 
     python scripts/bench_small_batch.py [--n 1,8,9,16,32,64] [--samples 20]
 
@@ -30,7 +30,7 @@ from engine.cuda.small_batch import rows
 from engine.quants import GGMLType
 
 NORMED = ("attn_q", "attn_k", "attn_v", "ffn_gate+up")  # the matrices whose input is the normed residual stream
-WAYS = ("matvec", "tc", "gemm")
+WAYS = ("matvec", "tc", "gemm", "gemm_split")
 
 
 def launches(way: str, wg, wu, swiglu: bool, a: DeviceArray, n: int, c: DeviceArray, norm_w, xb) -> list:
@@ -49,7 +49,11 @@ def launches(way: str, wg, wu, swiglu: bool, a: DeviceArray, n: int, c: DeviceAr
         return [k_tc_matvec.tcmv(wg, a, n, c, norm_w=norm_w, eps=1e-6)]
     pre = [knr.rmsnorm_rows(a, norm_w, 1e-6, xb, n)] if norm_w is not None else []
     src = xb if norm_w is not None else a
-    return [*pre, k_gemm.gemm_swiglu(wg, wu, src, n, c) if swiglu else k_gemm.gemm(wg, src, n, c)]
+    split = way == "gemm_split"
+    return [
+        *pre,
+        k_gemm.gemm_swiglu(wg, wu, src, n, c, split=split) if swiglu else k_gemm.gemm(wg, src, n, c, split=split),
+    ]
 
 
 def main() -> None:
@@ -59,6 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     counts = [int(v) for v in args.n.split(",")]
     driver.start_context(0)
+    k_gemm.reserve()
     info = driver.device_info(0)
     stream = memory.stream_create()
     rng = np.random.default_rng(0)

@@ -164,3 +164,45 @@ def test_wrapper_checks(seed: int) -> None:
     wu = Weight(rng, GGMLType.Q6_K, 64, 256)
     with pytest.raises(CudaError, match="differ"):
         k_gemm.gemm_swiglu(w.dev, wu.dev, a, 9, c)
+
+
+# Split-K (kernels/gemm_tile.cuh, Split): grids of few 64 x 64 tiles, where dispatch.gemm_splits splits K.
+SPLIT_SHAPES = [(65, 100, 1024), (130, 1024, 3072), (200, 33, 256), (64, 64, 2048)]
+
+
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "n{}_R{}_K{}".format(*s))
+@pytest.mark.parametrize("ggml_type", [GGMLType.F32, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.IQ4_XS],
+                         ids=lambda t: t.name)  # fmt: skip
+def test_gemm_split_k(ggml_type: GGMLType, shape: tuple[int, int, int], seed: int) -> None:
+    """Split over grid.z, the partials summed by the tile's last block: the bounds of the whole-K kernel, the same
+    result bit for bit from one launch to the next (fixed summing order; each launch leaves its tickets at zero), and
+    the in-place residual and SwiGLU forms too."""
+    n, rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    k_gemm.reserve()
+    rng = np.random.default_rng(seed)
+    w, wu = Weight(rng, ggml_type, rows, cols), Weight(rng, ggml_type, rows, cols)
+    a = activations(rng, n, cols)
+    resid = rng.normal(size=(n, rows)).astype(np.float32)
+    d_a = DeviceArray.from_host(a)
+    context = f"split gemm {ggml_type.name} n={n} R={rows} K={cols} seed={seed}"
+    launch = k_gemm.gemm(w.dev, d_a, n, Output(n, rows).c)
+    assert launch.grid[2] > 1, f"{context}: grid {launch.grid} not split"
+    a64 = a.astype(np.float64)
+    product = a64 @ w.dense.T
+    results = []
+    for _ in range(2):
+        out = Output(n, rows, initial=resid)
+        run(k_gemm.gemm(w.dev, d_a, n, out.c, resid=out.c))
+        got = out.result(context)
+        assert_rows_close(got - resid, product, tolerance(ggml_type), context)
+        results.append(got)
+    assert (results[0] == results[1]).all(), f"{context}: two launches differ"
+    whole = Output(n, rows, initial=resid)
+    run(k_gemm.gemm(w.dev, d_a, n, whole.c, resid=whole.c, split=False))
+    assert_rows_close(whole.result(context) - resid, product, tolerance(ggml_type), context + " unsplit")
+    out = Output(n, rows)
+    run(k_gemm.gemm_swiglu(w.dev, wu.dev, d_a, n, out.c))
+    g, u = product, a64 @ wu.dense.T
+    context = context.replace("gemm", "gemm_swiglu")
+    assert_rows_close(out.result(context), g / (1 + np.exp(-g)) * u, tolerance(ggml_type, swiglu=True), context)

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from engine.cuda import dispatch, k_tc_matvec
+from engine.cuda import k_tc_matvec
 from engine.cuda.memory import DeviceArray
 from engine.errors import CudaError
 from engine.quants import GGMLType
@@ -124,9 +124,3 @@ def test_tcmv_refuses_what_it_cannot_compute() -> None:
         k_tc_matvec.tcmv(f32.dev, x, 16, y)
     with pytest.raises(CudaError, match="x: needs"):
         k_tc_matvec.tcmv(q4.dev, DeviceArray.empty((8, 256)), 16, y)
-
-
-def test_the_rule_sends_batches_past_one_pass_to_tc() -> None:
-    assert not dispatch.use_tc(dispatch.SMALL_BATCH)
-    assert dispatch.use_tc(dispatch.SMALL_BATCH + 1) and dispatch.use_tc(dispatch.MATVEC_MAX)
-    assert dispatch.MATVEC_MAX <= k_tc_matvec.MAX_TOKENS

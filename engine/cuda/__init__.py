@@ -88,7 +88,7 @@ def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     if row.cuda_module is None:
         raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")
     _check_kernel_types(gf)
-    from engine.cuda import memory
+    from engine.cuda import k_gemm, memory
     from engine.cuda.runner import CudaRunner
     from engine.cuda.upload import DeviceWeights
 
@@ -96,6 +96,7 @@ def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     with Stopwatch() as wait_sw:
         context_ms = context.wait()
     stream = memory.stream_create()
+    k_gemm.reserve()  # the split-K workspace every model's prefill GEMMs share (before the upload's copies start)
     weights = DeviceWeights(gf, stream, context.device)
     family = importlib.import_module(f"engine.models.{row.cuda_module}")
     max_batch = env_int("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH, minimum=1)

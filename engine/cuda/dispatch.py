@@ -46,6 +46,26 @@ def use_matvec(n: int) -> bool:
     return n <= MATVEC_MAX
 
 
+# Split-K of the prefill GEMM (kernels/gemm_tile.cuh, Split): a block's 64 x 64 tile walks K one 32-value stage at a
+# time, ~0.85 us a stage on an H200 whatever n is (2026-12-03, scripts/bench_small_batch.py: 27 us for K = 1024, 67
+# for K = 3072, at every n <= 128), so a grid of few tiles leaves the GPU idle behind long chains. Splitting K over
+# grid.z until the grid fills the GPU shortens the chains; the last block of a tile sums the partials in a fixed
+# order. GEMM_FULL_BLOCKS: resident blocks that fill an H200 (132 SMs x 2, gemm.cu's bound).
+GEMM_FULL_BLOCKS = 264
+GEMM_MAX_SPLITS = 8
+
+
+def gemm_splits(blocks: int, k_stages: int) -> int:
+    """Splits of K for a GEMM of `blocks` 64 x 64 tiles whose K is k_stages 32-value stages (a split takes whole
+    stages): as many as fit in GEMM_FULL_BLOCKS, at most GEMM_MAX_SPLITS (REFLEX_GEMM_SPLIT=0: none)."""
+    if os.environ.get("REFLEX_GEMM_SPLIT", "1") == "0":
+        return 1
+    s = min(GEMM_MAX_SPLITS, GEMM_FULL_BLOCKS // max(blocks, 1), k_stages)
+    while s > 1 and k_stages % s:
+        s -= 1
+    return max(s, 1)
+
+
 def use_tc(n: int) -> bool:
     """Whether n tokens through a weight type that has tc_matvec kernels take one launch of them (REFLEX_TC=0: never,
     for comparisons)."""

@@ -8,7 +8,7 @@ blocks read A while a block writes C, so A must not overlap C; resid is either C
 
 from __future__ import annotations
 
-from engine.cuda import driver
+from engine.cuda import dispatch, driver
 from engine.cuda.driver import Launch, i32, i64, ptr
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
@@ -16,6 +16,27 @@ from engine.quants import BLOCK_SIZES, GGMLType, row_bytes
 
 TILE = 64  # output tile per block: 64 weight rows (grid.x) x 64 tokens (grid.y)
 THREADS = 128
+SPLIT_STEP = 32  # a K split takes whole stages: multiples of the kernels' 32 (16 in swiglu) values
+
+
+class _Workspace:
+    """The split-K launches' partial tiles and per-tile tickets (kernels/gemm_tile.cuh, Split), shared by every GEMM
+    of the process: they run one after another on the stream, and each leaves its tickets at zero."""
+
+    def __init__(self) -> None:
+        self.part = DeviceArray.empty((dispatch.GEMM_FULL_BLOCKS * 2 * TILE * TILE,))  # (S * NW * tiles, 64, 64) f4
+        self.tickets = DeviceArray.empty((dispatch.GEMM_FULL_BLOCKS,), "i4")  # (tiles,) i4
+        self.tickets.fill_byte(0)
+
+
+_workspace: _Workspace | None = None
+
+
+def reserve() -> None:
+    """Allocate the split-K workspace (once a process, ~8.7 MB): GEMMs built after this may split K."""
+    global _workspace
+    if _workspace is None:
+        _workspace = _Workspace()
 
 
 def _need(a: DeviceArray, name: str, n: int) -> None:
@@ -45,8 +66,14 @@ def _check(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray) -> None:
         raise CudaError("gemm: A overlaps C")
 
 
-def _grid(w: DeviceWeight, n: int) -> tuple[int, int]:
-    return (w.rows + TILE - 1) // TILE, (n + TILE - 1) // TILE
+def _grid(w: DeviceWeight, n: int, split: bool) -> tuple[tuple[int, int, int], list]:
+    """(grid, the workspace arguments): K split over grid.z where dispatch.gemm_splits asks for it and the
+    workspace is reserved."""
+    gx, gy = (w.rows + TILE - 1) // TILE, (n + TILE - 1) // TILE
+    s = dispatch.gemm_splits(gx * gy, w.cols // SPLIT_STEP) if split and _workspace is not None else 1
+    if s == 1:
+        return (gx, gy, 1), [ptr(None), ptr(None)]
+    return (gx, gy, s), [ptr(_workspace.part), ptr(_workspace.tickets)]
 
 
 def gemm(
@@ -56,6 +83,7 @@ def gemm(
     c: DeviceArray,  # (n, R) f4; c = a . w^T (+ resid)
     *,
     resid: DeviceArray | None = None,  # (n, R) f4: c itself (in-place residual add) or a separate array
+    split: bool = True,  # False: no split-K, whatever the rule says (tests compare both)
 ) -> Launch:
     _check(w, a, n, c)
     if resid is not None:
@@ -63,8 +91,9 @@ def gemm(
         if resid.ptr != c.ptr and _overlap(resid, n * w.rows, c, n * w.rows):
             raise CudaError("gemm: resid overlaps C without being C")
     fn = driver.module("gemm").fn(f"gemm_{w.tag}")
-    args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(a), i32(n), ptr(resid), ptr(c)]
-    return Launch(fn, _grid(w, n), (THREADS,), args)
+    grid, work = _grid(w, n, split)
+    args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(a), i32(n), ptr(resid), ptr(c), *work]
+    return Launch(fn, grid, (THREADS,), args)
 
 
 def gemm_swiglu(
@@ -73,6 +102,8 @@ def gemm_swiglu(
     a: DeviceArray,  # (n, K) f4
     n: int,  # tokens, >= 1
     c: DeviceArray,  # (n, R) f4; c = silu(a . wg^T) * (a . wu^T)
+    *,
+    split: bool = True,
 ) -> Launch:
     if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
         raise CudaError(f"gemm_swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
@@ -80,5 +111,6 @@ def gemm_swiglu(
     _check(wg, a, n, c)
     _need_weight(wu)
     fn = driver.module("gemm").fn(f"gemm_swiglu_{wg.tag}")
-    args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(a), i32(n), ptr(c)]
-    return Launch(fn, _grid(wg, n), (THREADS,), args)
+    grid, work = _grid(wg, n, split)
+    args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(a), i32(n), ptr(c), *work]
+    return Launch(fn, grid, (THREADS,), args)

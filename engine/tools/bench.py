@@ -57,7 +57,7 @@ def warm(engine, repeats: int = 20) -> dict:
     weights_bytes = engine.bytes_per_token
     res: dict = {"system1_ms": _summary(_timed(lambda: engine.system1(SYSTEM1_PROMPT, CANDIDATES), repeats, 3))}
     res["system1_prompt_tokens"] = len(engine.tokenizer.encode(SYSTEM1_PROMPT))
-    for n in (16, 512):
+    for n in (16, 64, 128, 512):  # one tc_matvec tile, its largest, the split-K GEMM, a full GEMM chunk
         if n > engine.max_seq:
             continue
 
