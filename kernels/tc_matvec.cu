@@ -148,9 +148,8 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
         ss[m][0] = ss[m][1] = 0.f;
     }
     const int chunks = K >> 5;
-    // Two chunks in flight a warp where registers allow (the 64-token tiles spill at 128 registers with two).
-    constexpr int UNROLL = MT <= 2 ? 2 : 1;
-#pragma unroll UNROLL
+    // Not unrolled: two chunks in flight for the 16- and 32-token tiles measured no faster on an H200 (2026-12-03,
+    // scripts/bench_small_batch.py, a Qwen3-0.6B layer: n = 16 47.4 -> 47.0 us, n = 32 67.1 -> 70.2).
     for (int c = slice; c < chunks; c += TEAM) {
         const int k = 32 * c + 8 * qd;  // this lane's 8 values of the chunk
         float w[8];
