@@ -58,6 +58,16 @@ def assert_close(got: np.ndarray, ref: np.ndarray, tol: np.ndarray, context: str
     )
 
 
+def swiglu_reference(xn: np.ndarray, wg: np.ndarray, wu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """silu(xn . wg^T) * (xn . wu^T) (n, R) f64 and its tolerance: |d silu / dg| <= 1.1, so silu(g) * u carries each
+    dot product's float32 error (RTOL) and one float32 rounding per step."""
+    g, u = xn @ wg.T, xn @ wu.T  # (n, R)
+    silu = g / (1 + np.exp(-g))
+    ref = silu * u
+    tol_g, tol_u = RTOL * (np.abs(xn) @ np.abs(wg).T), RTOL * (np.abs(xn) @ np.abs(wu).T)
+    return ref, 1.1 * np.abs(u) * tol_g + np.abs(silu) * tol_u + 1e-6 * np.abs(ref) + 1e-30
+
+
 def assert_untouched(host: np.ndarray, context: str) -> None:
     assert (host.view(np.uint32) == POISON).all(), f"{context}: written past the outputs"
 
@@ -161,13 +171,7 @@ def test_matvec_swiglu(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
     for norm in (False, True):
         xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
-        g, u = xn @ wg.dense.T, xn @ wu.dense.T  # (n, rows)
-        silu = g / (1 + np.exp(-g))
-        ref = silu * u
-        # |d silu / dg| <= 1.1; silu(g) * u carries the dot products' errors and one float32 rounding per step.
-        tol_g = RTOL * (np.abs(xn) @ np.abs(wg.dense).T)
-        tol_u = RTOL * (np.abs(xn) @ np.abs(wu.dense).T)
-        tol = 1.1 * np.abs(u) * tol_g + np.abs(silu) * tol_u + 1e-6 * np.abs(ref) + 1e-30
+        ref, tol = swiglu_reference(xn, wg.dense, wu.dense)
         y = poisoned((n * rows + 7,))  # 7 floats of slack must stay untouched
         run(k_matvec.matvec_swiglu(wg.dev, wu.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))
         got = y.to_host()

@@ -19,7 +19,16 @@ from engine.cuda.memory import DeviceArray
 from engine.errors import CudaError
 from engine.quants import GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
-from tests.test_cuda_matvec import RTOL, assert_close, assert_untouched, inputs, poisoned, rmsnorm, run
+from tests.test_cuda_matvec import (
+    RTOL,
+    assert_close,
+    assert_untouched,
+    inputs,
+    poisoned,
+    rmsnorm,
+    run,
+    swiglu_reference,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -81,13 +90,7 @@ def test_tcmv_swiglu(ggml_type: GGMLType, shape: tuple[int, int, int], seed: int
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
     for norm in (False, True):
         xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
-        g, u = xn @ wg.dense.T, xn @ wu.dense.T  # (n, rows)
-        silu = g / (1 + np.exp(-g))
-        ref = silu * u
-        # Each product's float32 error (matvec's bound) carried through silu(g) * u; silu' is at most 1.1.
-        tol_g = RTOL * (np.abs(xn) @ np.abs(wg.dense).T)
-        tol_u = RTOL * (np.abs(xn) @ np.abs(wu.dense).T)
-        tol = 1.1 * tol_g * np.abs(u) + np.abs(silu) * tol_u + 1e-6 * np.abs(ref) + 1e-30
+        ref, tol = swiglu_reference(xn, wg.dense, wu.dense)  # the float32 matvec's bound
         context = f"tcmv_swiglu {ggml_type.name} n={n} R={rows} K={cols} norm={norm} seed={seed}"
         y = poisoned((k_tc_matvec.MAX_TOKENS, rows))
         run(k_tc_matvec.tcmv_swiglu(wg.dev, wu.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))

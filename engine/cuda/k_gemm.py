@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from engine.cuda import dispatch, driver
 from engine.cuda.driver import Launch, i32, i64, ptr
-from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
+from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight, need_same_layout
 from engine.errors import CudaError
 from engine.quants import BLOCK_SIZES, GGMLType, row_bytes
 
@@ -105,9 +105,7 @@ def gemm_swiglu(
     *,
     split: bool = True,
 ) -> Launch:
-    if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
-        raise CudaError(f"gemm_swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
-                        f"{wu.rows}x{wu.cols}")  # fmt: skip
+    need_same_layout(wg, wu, "gemm_swiglu")
     _check(wg, a, n, c)
     _need_weight(wu)
     fn = driver.module("gemm").fn(f"gemm_swiglu_{wg.tag}")

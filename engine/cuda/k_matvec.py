@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from engine.cuda import dispatch, driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
-from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
+from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight, need_same_layout
 from engine.errors import CudaError
 from engine.quants import KERNEL_TAGS, LOWBIT_TYPES, GGMLType
 
@@ -121,12 +121,8 @@ def matvec_swiglu(
     norm_w: DeviceArray | None = None,  # (K,) f4
     eps: float = 0.0,
 ) -> Launch:
-    if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
-        raise CudaError(f"swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
-                        f"{wu.rows}x{wu.cols}")  # fmt: skip
+    need_same_layout(wg, wu, "swiglu")
     big_n = _bucket(n, wg.ggml_type)
-    need_aligned_weight(wg)
-    need_aligned_weight(wu)
     need(x, "x", "f4", n * wg.cols, aligned=True)
     need(y, "y", "f4", n * wg.rows)
     if norm_w is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
-from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
+from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight, need_same_layout
 from engine.errors import CudaError
 from engine.quants import GGMLType
 
@@ -81,11 +81,8 @@ def tcmv_swiglu(
     norm_w: DeviceArray | None = None,  # (K,) f4
     eps: float = 0.0,
 ) -> Launch:
-    if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
-        raise CudaError(f"tcmv_swiglu weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
-                        f"{wu.rows}x{wu.cols}")  # fmt: skip
+    need_same_layout(wg, wu, "tcmv_swiglu")
     tile = _check(wg, x, n, y, norm_w)
-    need_aligned_weight(wu)
     fn = driver.module("tc_matvec").fn(f"tcmv_swiglu_{wg.tag}_m{tile}")
     args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(x), i32(n), ptr(norm_w),
             f32(eps), ptr(y)]  # fmt: skip

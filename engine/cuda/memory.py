@@ -170,6 +170,15 @@ def need_aligned_weight(w: DeviceWeight) -> None:
         raise CudaError(f"weight {w.name}: address {w.ptr:#x} is not 16-byte aligned")
 
 
+def need_same_layout(wg: DeviceWeight, wu: DeviceWeight, what: str) -> None:
+    """A fused pair's check (gate and up of a SwiGLU): one type, shape and row size, both 16-byte aligned."""
+    if (wg.ggml_type, wg.rows, wg.cols, wg.row_bytes) != (wu.ggml_type, wu.rows, wu.cols, wu.row_bytes):
+        raise CudaError(f"{what} weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag} "
+                        f"{wu.rows}x{wu.cols}")  # fmt: skip
+    need_aligned_weight(wg)
+    need_aligned_weight(wu)
+
+
 # -- device arrays -----------------------------------------------------------------------------------------
 
 _ITEMSIZE = {"f4": 4, "f2": 2, "i2": 2, "i4": 4, "i8": 8, "u1": 1, "u4": 4, "u8": 8}
