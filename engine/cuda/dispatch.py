@@ -10,8 +10,9 @@ import os
 SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of them: k_matvec.TOKEN_BUCKETS)
 
 # Up to this many tokens, small-batch launches (engine/cuda/small_batch.py: matvec passes of 8, or one tc_matvec
-# launch) beat the GEMM, whose few 64-token tiles leave most of the GPU idle at small n. Tuned on one H200 (sm_90,
-# 2026-11-29), Qwen3-0.6B shapes: GEMM ~8 ms at n = 16, matvec ~1.3 ms per 8 tokens.
+# launch) with the RMSNorm fused; the GEMM past it. One H200 (sm_90, 2026-12-03, scripts/bench_small_batch.py, the
+# matmuls of one Qwen3-0.6B Q4_K_M layer): tc_matvec 47 us at n = 16 and 115 at 64, the split-K GEMM 111 and 113,
+# matvec passes 76 and 297 (so types without tc_matvec would do better on the GEMM from ~24 tokens: not yet a rule).
 MATVEC_MAX = 64
 
 # From this many tokens (to MATVEC_MAX), a weight type with a tc_matvec kernel takes one launch of it (every token
