@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 
-from engine import errors, models, state, system1, timing
+from engine import cache_type, errors, models, state, system1, timing
 from engine import lora as _lora
 from engine.config import ModelConfig
 from engine.errors import ContextOverflow, CudaError, GGUFError, InvalidInput, UnsupportedArchitecture, env_int
@@ -57,26 +57,26 @@ def _start_backend(requested: str | None):
     return choice, driver.ContextStarter(env_int("REFLEX_DEVICE", 0))
 
 
-def _cuda_runner(config: ModelConfig, gf, max_seq: int, context, adapters: list[_lora.Adapter]):
+def _cuda_runner(config: ModelConfig, gf, max_seq: int, context, adapters: list[_lora.Adapter], kv_dtype: str):
     from engine.cuda import load_runner
 
     if adapters:
         from engine.cuda import lora as cuda_lora
 
         cuda_lora.check_supported(config, adapters)  # before the upload
-    runner, phases = load_runner(config, gf, max_seq, context)
+    runner, phases = load_runner(config, gf, max_seq, context, kv_dtype)
     if adapters:
         phases["lora_ms"] = cuda_lora.attach(runner.model, adapters, runner.stream)
     return runner, phases
 
 
-def _cpu_runner(config: ModelConfig, gf, max_seq: int, adapters: list[_lora.Adapter]):
+def _cpu_runner(config: ModelConfig, gf, max_seq: int, adapters: list[_lora.Adapter], kv_dtype: str):
     from engine.cpu import lora as cpu_lora
     from engine.cpu.runner import CpuRunner
 
     model = models.family(config.arch).CpuModel(config, gf)
     cpu_lora.attach(model, adapters)
-    return CpuRunner(model, max_seq)
+    return CpuRunner(model, max_seq, kv_dtype)
 
 
 class _Prefix:
@@ -156,11 +156,13 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | None = None, backend: str | None = None, max_seq_len: int | None = None,
-             lora: Sequence[tuple[str, float]] | None = None, prefix_state: str | None = None) -> Engine:  # fmt: skip
+             lora: Sequence[tuple[str, float]] | None = None, prefix_state: str | None = None,
+             kv_cache_type: str | None = None) -> Engine:  # fmt: skip
         """Open a GGUF (through its prepare cache when valid), build the tokenizer and the chosen backend.
 
         lora: [(adapter_path, scale), ...] applied beside the base weights; prefix_state: a state file to resume
-        requests from (default: MODEL.reflex-prefix when present)."""
+        requests from (default: MODEL.reflex-prefix when present); kv_cache_type: "f32" or "f16" (default:
+        KV_CACHE_TYPE, else f32; engine/cache_type.py)."""
         from engine.bundled import default_model_path
 
         load_start = timing.now()
@@ -174,6 +176,8 @@ class Engine:
         except (GGUFError, UnsupportedArchitecture) as e:  # the config knows the keys, not the file
             raise errors.naming_file(e, path) from None
         limit = max_seq_len or env_int("MAX_SEQ_LEN", DEFAULT_MAX_SEQ, minimum=1)
+        kv_name = cache_type.resolve(kv_cache_type)
+        kv_dtype = cache_type.DTYPES[kv_name]
         max_seq = max(1, min(limit, config.n_ctx))
         adapters = _lora.open_adapters(lora, gf)  # a mismatched adapter fails here, before any allocation
         sha256, prefix = opened.sha256, None
@@ -187,13 +191,13 @@ class Engine:
             runner = None
             if context is not None:
                 try:
-                    runner, cuda_phases = _cuda_runner(config, gf, max_seq, context, adapters)
+                    runner, cuda_phases = _cuda_runner(config, gf, max_seq, context, adapters, kv_dtype)
                 except (CudaError, UnsupportedArchitecture) as e:
                     if chosen == "cuda":
                         raise
                     log.warning("CUDA backend unavailable (%s): using the CPU backend", e)
             if runner is None:
-                runner = _cpu_runner(config, gf, max_seq, adapters)
+                runner = _cpu_runner(config, gf, max_seq, adapters, kv_dtype)
             if prefix is not None:
                 prefix = _checked_layout(prefix, runner)
         imports_done = timing.IMPORTS_DONE if timing.IMPORTS_DONE is not None else load_start
@@ -212,6 +216,7 @@ class Engine:
             "quant_mix": quant_mix(gf),
             "n_vocab": config.n_vocab,
             "max_seq_len": max_seq,
+            "kv_cache_type": kv_name,
         }
         if adapters:
             info["lora"] = _lora.identity(adapters)

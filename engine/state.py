@@ -28,7 +28,7 @@ FORMAT = "reflex-state"
 VERSION = 1
 ALIGN = 64
 PREFIX_SUFFIX = ".reflex-prefix"  # the build-time prefix state beside a model: MODEL.gguf.reflex-prefix
-_ITEMSIZE = {"f4": 4}
+_ITEMSIZE = {"f4": 4, "f2": 2}
 _MAX_HEADER = 64 << 20  # far above any real header (token ids of a long prompt); guards the length field
 
 
@@ -46,7 +46,7 @@ def config_hash(config, adapters: Sequence[dict]) -> str:
 @dataclass(frozen=True)
 class ArrayInfo:
     name: str
-    dtype: str  # "f4"
+    dtype: str  # "f4", or "f2" (K/V rows under KV_CACHE_TYPE=f16)
     shape: tuple[int, ...]
     offset: int  # absolute byte offset in the file
     nbytes: int

@@ -15,17 +15,17 @@ namespace {
 // dims, and one transpose_sum leaves lane L holding score (key j*KG + L/GC, head L%GC) of group j in sc[j].
 // Heads beyond GC are done in further passes over the keys (G > 8, or G > 4 with 256-wide heads); padding heads
 // (q = 0) are computed and dropped.
-template <int NI, int GC>
-__device__ __forceinline__ void decode_heads(const float* __restrict__ q, const float* __restrict__ kc,
-                                             const float* __restrict__ vc, int H, int KVH, int hd, int vd,
+template <int NI, int GC, typename KV>
+__device__ __forceinline__ void decode_heads(const float* __restrict__ q, const KV* __restrict__ kc,
+                                             const KV* __restrict__ vc, int H, int KVH, int hd, int vd,
                                              float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, float* __restrict__ direct, float* sm) {
     constexpr int KG = 32 / GC;
     const int g = blockIdx.x, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = H / KVH;
     const long long krow = (long long)KVH * hd, vrow = (long long)KVH * vd;  // floats between positions
-    const float* kg = kc + (long long)g * hd;
-    const float* vg = vc + (long long)g * vd;
+    const KV* kg = kc + (long long)g * hd;
+    const KV* vg = vc + (long long)g * vd;
     float* sp = sm + warp * 32 * GC;         // [32 keys][GC heads]: probabilities of this warp's current tile
     float* sacc = sm + 4 * 32 * GC;          // [4 warps][GC][NI * 128]: accumulators, for the merge
     float* sml = sacc + 4 * GC * NI * 128;   // [4 warps][GC][2]: max (log2 units) and sum
@@ -62,7 +62,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
                     for (int i = 0; i < NI; ++i) {
                         const int d = 128 * i + 4 * lane;
-                        kv[i] = key < nk && d < hd ? ldg4(kg + (long long)(kt + key) * krow + d) : zero4();
+                        kv[i] = ldkv4_if(key < nk && d < hd, kg + (long long)(kt + key) * krow + d);
                     }
 #pragma unroll
                     for (int h = 0; h < GC; ++h) {
@@ -108,7 +108,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
                 for (int i = 0; i < NI; ++i) {
                     const int d = 128 * i + 4 * lane;
-                    vv[i] = d < vd ? ldg4(vg + (long long)(kt + t) * vrow + d) : zero4();
+                    vv[i] = ldkv4_if(d < vd, vg + (long long)(kt + t) * vrow + d);
                 }
 #pragma unroll
                 for (int h = 0; h < GC; ++h) {
@@ -191,8 +191,6 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
     }
 }
 
-}  // namespace
-
 // grid (KVH, n_splits), block 128. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), min_chunk) and active =
 // ceil(L / chunk) splits; split s < active covers keys [s*chunk, min((s+1)*chunk, L)).
 // With counters (the fold): the other splits return at once, and the last block of kv head g to finish (a ticket from
@@ -200,12 +198,12 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
 // and the order of the sum is fixed whatever order the blocks ran in. With one active split (L <= min_chunk) that
 // block writes out directly, bit for bit what the combine would (weight exp(0) = 1). Without (counters null): every split writes its
 // partials (empty ones m = -inf, l = 0) for attn_combine over all n_splits. dispatch.decode_attention picks.
-extern "C" __global__ void __launch_bounds__(128, 3)
-attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-            const int* pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk,
-            float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
-            float* __restrict__ out) {
-    pdl::begin();
+template <typename KV>
+__device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __restrict__ k_cache,
+                                       const KV* __restrict__ v_cache, const int* pos, int H, int KVH, int hd, int vd,
+                                       float scale, int n_splits, int min_chunk, float* __restrict__ part_o,
+                                       float* __restrict__ part_ml, int* __restrict__ counters,
+                                       float* __restrict__ out) {
     __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
     __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
@@ -235,6 +233,23 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_cache, cons
     combine_heads<true>(part_o, part_ml, blockIdx.x, G, n_splits, active, vd, out);
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // for the next launch
 }
+}  // namespace
+
+// attn_decode over a float cache, attn_decode_f16 over a __half one (KV_CACHE_TYPE=f16): the same arguments.
+#define ATTN_DECODE(NAME, KV)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128, 3)                                                           \
+        NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
+             const int* pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk,             \
+             float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,                  \
+             float* __restrict__ out) {                                                                            \
+        pdl::begin();                                                                                              \
+        decode<KV>(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n_splits, min_chunk, part_o, part_ml,         \
+                   counters, out);                                                                                 \
+    }
+ATTN_DECODE(attn_decode, float)
+ATTN_DECODE(attn_decode_f16, __half)
+#undef ATTN_DECODE
+
 
 // out[h, :] = sum_s w_s * part_o[h, s, :] / sum_s w_s * l_s, with w_s = exp(m_s - max m), for n_splits <=
 // MAX_COMBINE_SPLITS. grid (H, ceil(vd / 128)), block 128: element 128 * blockIdx.y + threadIdx.x of head blockIdx.x.
@@ -279,13 +294,17 @@ attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml
 }
 
 // grid (ceil(n / 32), H), block 128, dynamic shared memory (2 * 32 * (hd + 4) + 32 * vd + 1056) * 4 bytes.
-extern "C" __global__ void __launch_bounds__(128, 2)
-attn_prefill(const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-             const int* pos, int n, int H, int KVH, int hd, int vd, float scale,
-             float* __restrict__ out) {
-    pdl::begin();
-    extern __shared__ float4 dsm4[];
-    float* sm = reinterpret_cast<float*>(dsm4);
-    if (vd <= 128) prefill_rows<1>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);
-    else prefill_rows<2>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);
-}
+// attn_prefill over a float cache, attn_prefill_f16 over a __half one: the same arguments.
+#define ATTN_PREFILL(NAME, KV)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
+        NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
+             const int* pos, int n, int H, int KVH, int hd, int vd, float scale, float* __restrict__ out) {        \
+        pdl::begin();                                                                                              \
+        extern __shared__ float4 dsm4[];                                                                           \
+        float* sm = reinterpret_cast<float*>(dsm4);                                                                \
+        if (vd <= 128) prefill_rows<1>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);              \
+        else prefill_rows<2>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);                        \
+    }
+ATTN_PREFILL(attn_prefill, float)
+ATTN_PREFILL(attn_prefill_f16, __half)
+#undef ATTN_PREFILL

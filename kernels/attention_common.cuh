@@ -1,6 +1,9 @@
-// Helpers shared by kernels/attention.cu and attention_prefill.cuh: float4 access, small vector math, warp sums.
+// Helpers shared by kernels/attention.cu, attention_prefill.cuh and mla.cu: float4 access, the K/V cache element
+// (float, or __half when KV_CACHE_TYPE=f16), small vector math, warp sums.
 #pragma once
 #include <stdint.h>
+
+#include "kv_cache.cuh"
 
 namespace {
 

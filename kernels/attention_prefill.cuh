@@ -10,9 +10,9 @@ namespace {
 // wavefront each, the rows padded by 4 floats so they fall on different banks) for 32 FMAs per lane. For O += P V a
 // lane owns dims 4*lane + 128*i of all 8 rows, with P and the row rescale factors broadcast from shared memory.
 // Shared: qs[32][hd+4] (pre-scaled q), ks[32][hd+4], vs[32][vd], ps[4 warps][32 keys][8 rows], cs[4][8].
-template <int NI>
-__device__ __forceinline__ void prefill_rows(const float* __restrict__ q, const float* __restrict__ kc,
-                                             const float* __restrict__ vc, int p0, int n, int H, int KVH, int hd,
+template <int NI, typename KV>
+__device__ __forceinline__ void prefill_rows(const float* __restrict__ q, const KV* __restrict__ kc,
+                                             const KV* __restrict__ vc, int p0, int n, int H, int KVH, int hd,
                                              int vd, float scale, float* __restrict__ out, float* sm) {
     // Work items (query tile, head) ranked by cost, heaviest first: rank r is tile nt-1 - r/H of head r%H. Block L
     // of the first half takes rank L and block L + N/2 the complementary rank N-1-L, so the blocks that land
@@ -28,8 +28,8 @@ __device__ __forceinline__ void prefill_rows(const float* __restrict__ q, const 
     float* ps = vs + 32 * vd + warp * 256;
     float* cs = vs + 32 * vd + 4 * 256 + warp * 8;
     const long long krow = (long long)KVH * hd, vrow = (long long)KVH * vd;
-    const float* kg = kc + (long long)g * hd;
-    const float* vg = vc + (long long)g * vd;
+    const KV* kg = kc + (long long)g * hd;
+    const KV* vg = vc + (long long)g * vd;
 
     // Tiles are staged as float4 number idx = row * (dim/4) + column; row = idx / (dim/4) by a multiply-high with
     // ceil(2^32 / (dim/4)), exact for idx < 2^26 (a run-time integer division would cost ~20 instructions).
@@ -58,12 +58,12 @@ __device__ __forceinline__ void prefill_rows(const float* __restrict__ q, const 
 #pragma unroll 4
         for (int idx = threadIdx.x; idx < 8 * hd; idx += 128) {
             const int r = __umulhi(idx, hmag), d = 4 * (idx - r * hd4);
-            sts4(ks + r * hdp + d, r < nk ? ldg4(kg + (long long)(kt + r) * krow + d) : zero4());
+            sts4(ks + r * hdp + d, ldkv4_if(r < nk, kg + (long long)(kt + r) * krow + d));
         }
 #pragma unroll 4
         for (int idx = threadIdx.x; idx < 8 * vd; idx += 128) {
             const int r = __umulhi(idx, vmag), d = 4 * (idx - r * vd4);
-            sts4(vs + r * vd + d, r < nk ? ldg4(vg + (long long)(kt + r) * vrow + d) : zero4());
+            sts4(vs + r * vd + d, ldkv4_if(r < nk, vg + (long long)(kt + r) * vrow + d));
         }
         __syncthreads();
         if (wlast < wq || kt > wmax) continue;  // warp-uniform; the barriers above are still reached

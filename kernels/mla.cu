@@ -1,4 +1,4 @@
-// Multi-head latent attention (deepseek2) in the absorbed form, over the float32 latent cache, and the per-head
+// Multi-head latent attention (deepseek2) in the absorbed form, over the latent cache (float, or __half), and the per-head
 // matvecs around it (q_nope -> latent with attn_k_b, latent -> value with attn_v_b). Math: engine/models/mla.py.
 // Contract (names, arguments, grid/block): kernels/README.md, "mla.cu". The latent rows themselves are written by
 // norm_rope.cu's mla_kv_rope.
@@ -103,8 +103,8 @@ __device__ __forceinline__ void head_matvec_warp(const uint8_t* __restrict__ W, 
 constexpr int AT_HEADS = 8, AT_KEYS = 8, AT_THREADS = 256;
 constexpr int AT_MAX_D = 640;  // R + P: 576 for DeepSeek V2/V3
 
-template <int NI>
-__device__ __forceinline__ void attn_block(const float* __restrict__ q, const float* __restrict__ cache, int p0,
+template <int NI, typename KV>
+__device__ __forceinline__ void attn_block(const float* __restrict__ q, const KV* __restrict__ cache, int p0,
                                            int H, int R, int D, float scale, int n_splits,
                                            float* __restrict__ part_o, float* __restrict__ part_ml,
                                            float* __restrict__ out, float* qs, float* ks, float* sc) {
@@ -131,7 +131,7 @@ __device__ __forceinline__ void attn_block(const float* __restrict__ q, const fl
         __syncthreads();  // q is staged (first tile); every warp is done with the previous tile
         for (int idx = threadIdx.x; idx < AT_KEYS * D4; idx += AT_THREADS) {
             const int r = idx / D4, d = 4 * (idx - r * D4);
-            sts4(ks + r * D + d, r < nk ? ldg4(cache + (long long)(kt + r) * D + d) : zero4());
+            sts4(ks + r * D + d, ldkv4_if(r < nk, cache + (long long)(kt + r) * D + d));
         }
         __syncthreads();
         float part[AT_HEADS];
@@ -213,16 +213,21 @@ Q_FOR_EACH_TYPE(HEAD_MATVEC)
 
 // grid (ceil(H / 8), n_splits, n), block 256. n_splits == 1 writes out[n, H, R] normalised; n_splits > 1 writes
 // part_o[n, H, n_splits, R] and part_ml[n, H, n_splits, 2] for attention.cu's attn_combine (with n * H rows).
-extern "C" __global__ void __launch_bounds__(AT_THREADS, 2)
-mla_attn(const float* __restrict__ q, const float* __restrict__ cache, const int* pos, int H, int R,
-         int D, float scale, int n_splits, float* __restrict__ part_o, float* __restrict__ part_ml,
-         float* __restrict__ out) {
-    pdl::begin();
-    __shared__ float4 qs4[AT_HEADS * AT_MAX_D / 4];  // [8 heads][D]
-    __shared__ float4 ks4[AT_KEYS * AT_MAX_D / 4];   // [8 keys][D]
-    __shared__ float sc[AT_HEADS * AT_KEYS];         // [head][key] of the tile
-    float* qs = reinterpret_cast<float*>(qs4);
-    float* ks = reinterpret_cast<float*>(ks4);
-    if (R <= 128) attn_block<1>(q, cache, *pos, H, R, D, scale, n_splits, part_o, part_ml, out, qs, ks, sc);
-    else attn_block<4>(q, cache, *pos, H, R, D, scale, n_splits, part_o, part_ml, out, qs, ks, sc);
-}
+// mla_attn reads a float latent cache, mla_attn_f16 a __half one (KV_CACHE_TYPE=f16): the same arguments.
+#define MLA_ATTN(NAME, KV)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(AT_THREADS, 2)                                                    \
+        NAME(const float* __restrict__ q, const KV* __restrict__ cache, const int* pos, int H, int R, int D,       \
+             float scale, int n_splits, float* __restrict__ part_o, float* __restrict__ part_ml,                   \
+             float* __restrict__ out) {                                                                            \
+        pdl::begin();                                                                                              \
+        __shared__ float4 qs4[AT_HEADS * AT_MAX_D / 4]; /* [8 heads][D] */                                         \
+        __shared__ float4 ks4[AT_KEYS * AT_MAX_D / 4];  /* [8 keys][D] */                                          \
+        __shared__ float sc[AT_HEADS * AT_KEYS];        /* [head][key] of the tile */                              \
+        float* qs = reinterpret_cast<float*>(qs4);                                                                 \
+        float* ks = reinterpret_cast<float*>(ks4);                                                                 \
+        if (R <= 128) attn_block<1>(q, cache, *pos, H, R, D, scale, n_splits, part_o, part_ml, out, qs, ks, sc);   \
+        else attn_block<4>(q, cache, *pos, H, R, D, scale, n_splits, part_o, part_ml, out, qs, ks, sc);            \
+    }
+MLA_ATTN(mla_attn, float)
+MLA_ATTN(mla_attn_f16, __half)
+#undef MLA_ATTN

@@ -5,6 +5,8 @@
 #include "pdl.cuh"
 #include <stdint.h>
 
+#include "kv_cache.cuh"
+
 namespace {
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -97,14 +99,16 @@ rmsnorm_rows(const float* x, const float* __restrict__ w, float eps, float* y, i
 // block's one barrier (the cos / sin table) the warp writes the rotated values, reading rotation partners back from
 // the row, so in-place q is safe. The norm weights and the position-free part of each angle (rope_inv) come before
 // the wait (pdl.cuh), beside the kernel before's end. The blocks of token t share out the copy of v to v_cache[p],
-// unchanged. Every block builds the same cos / sin table, so results do not depend on the split.
-extern "C" __global__ void __launch_bounds__(256)
-qk_rope_kv(float* q, const float* k, const float* v, int n, int H, int KVH, int hd, int vd,
-           const float* q_norm, const float* k_norm, float eps, int rope_dim, float theta, float freq_scale,
-           float ext_factor, float corr_lo, float corr_hi, float mscale, const float* freq_factors, int rope_neox,
-           const int* pos,
-           float* __restrict__ k_cache, float* __restrict__ v_cache) {
-    pdl::launch_dependents();
+// unchanged. Every block builds the same cos / sin table, so results do not depend on the split. KV: the cache's
+// element (kv_cache.cuh).
+namespace {
+template <typename KV>
+__device__ __forceinline__ void qk_rope_kv_rows(float* q, const float* k, const float* v, int n, int H, int KVH,
+                                                int hd, int vd, const float* q_norm, const float* k_norm, float eps,
+                                                int rope_dim, float theta, float freq_scale, float ext_factor,
+                                                float corr_lo, float corr_hi, float mscale, const float* freq_factors,
+                                                int rope_neox, const int* pos, KV* __restrict__ k_cache,
+                                                KV* __restrict__ v_cache) {
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
     __shared__ float row[8][256];       // one head per warp
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -144,7 +148,8 @@ qk_rope_kv(float* q, const float* k, const float* v, int n, int H, int KVH, int 
     }
     __syncthreads();  // the rows and the cos / sin table
     if (active) {
-        float* dst = is_q ? q + ((long long)t * H + head) * hd : k_cache + ((long long)p * KVH + head) * hd;
+        float* qh = q + ((long long)t * H + head) * hd;
+        KV* kh = k_cache + ((long long)p * KVH + head) * hd;
         for (int j = lane; j < hd; j += 32) {
             float o = b[j];
             if (j < rope_dim) {
@@ -155,32 +160,50 @@ qk_rope_kv(float* q, const float* k, const float* v, int n, int H, int KVH, int 
                 const float a = b[ia], c = b[ib];
                 o = second ? c * cs[i] + a * sn[i] : a * cs[i] - c * sn[i];
             }
-            dst[j] = o;
+            if (is_q) qh[j] = o;  // warp-uniform
+            else stkv(kh + j, o);
         }
     }
 
-    const long long kv = (long long)KVH * vd;  // floats per position of v and of v_cache
+    const long long kv = (long long)KVH * vd;  // values per position of v and of v_cache
     for (int i = blockIdx.x * 256 + threadIdx.x; i < KVH * vd; i += gridDim.x * 256)
-        v_cache[(long long)p * kv + i] = v[(long long)t * kv + i];
+        stkv(v_cache + (long long)p * kv + i, v[(long long)t * kv + i]);
 }
+}  // namespace
+
+// qk_rope_kv writes a float cache, qk_rope_kv_f16 a __half one (KV_CACHE_TYPE=f16): the same arguments.
+#define QK_ROPE_KV(NAME, KV)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        NAME(float* q, const float* k, const float* v, int n, int H, int KVH, int hd, int vd, const float* q_norm, \
+             const float* k_norm, float eps, int rope_dim, float theta, float freq_scale, float ext_factor,        \
+             float corr_lo, float corr_hi, float mscale, const float* freq_factors, int rope_neox, const int* pos,  \
+             KV* __restrict__ k_cache, KV* __restrict__ v_cache) {                                                 \
+        pdl::launch_dependents();                                                                                  \
+        qk_rope_kv_rows<KV>(q, k, v, n, H, KVH, hd, vd, q_norm, k_norm, eps, rope_dim, theta, freq_scale,          \
+                            ext_factor, corr_lo, corr_hi, mscale, freq_factors, rope_neox, pos, k_cache, v_cache); \
+    }
+QK_ROPE_KV(qk_rope_kv, float)
+QK_ROPE_KV(qk_rope_kv_f16, __half)
+#undef QK_ROPE_KV
 
 // MLA (deepseek2), one token per block (grid.x = n, block 256); token t sits at position p = *pos + t. The latent
 // row of p in this layer's cache becomes [RMSNorm(kva[t, :R]) * kv_norm | RoPE(kva[t, R:R+P])], and every head's
 // q_pe = q[t, h, nope:nope+P] is rotated into qa[t, h, R:R+P] (beside the absorbed q_nope that mla.cu writes to
-// qa[t, h, :R]). Normal pairs only (2i, 2i + 1), as deepseek2 uses.
-extern "C" __global__ void __launch_bounds__(256)
-mla_kv_rope(const float* __restrict__ kva, const float* __restrict__ kv_norm, float eps, const float* __restrict__ q,
-            float* __restrict__ qa, int n, int H, int R, int P, int nope, float theta, float freq_scale,
-            float ext_factor, float corr_lo, float corr_hi, float mscale, const int* pos,
-            float* __restrict__ cache) {
-    pdl::begin();
+// qa[t, h, :R]). Normal pairs only (2i, 2i + 1), as deepseek2 uses. KV: the cache's element (kv_cache.cuh).
+namespace {
+template <typename KV>
+__device__ __forceinline__ void mla_kv_rope_rows(const float* __restrict__ kva, const float* __restrict__ kv_norm,
+                                                 float eps, const float* __restrict__ q, float* __restrict__ qa, int n,
+                                                 int H, int R, int P, int nope, float theta, float freq_scale,
+                                                 float ext_factor, float corr_lo, float corr_hi, float mscale,
+                                                 const int* pos, KV* __restrict__ cache) {
     __shared__ float cs[128], sn[128];  // cos / sin of pair i (P / 2 <= 128)
     __shared__ float red[8];
     const int t = blockIdx.x, p = *pos + t, D = R + P;
     rope_table(p, P, theta, freq_scale, ext_factor, corr_lo, corr_hi, mscale, nullptr, cs, sn);
 
     const float* kv = kva + (long long)t * D;
-    float* row = cache + (long long)p * D;
+    KV* row = cache + (long long)p * D;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < R; i += 256) {
         const float x = kv[i];
@@ -188,8 +211,8 @@ mla_kv_rope(const float* __restrict__ kva, const float* __restrict__ kv_norm, fl
     }
     ss = block_sum_256(ss, red);  // its barrier also publishes cs / sn
     const float r = 1.0f / sqrtf(ss / float(R) + eps);  // as rmsnorm_rows
-    for (int i = threadIdx.x; i < R; i += 256) row[i] = (kv[i] * r) * kv_norm[i];
-    for (int j = threadIdx.x; j < P; j += 256) row[R + j] = rotate_pair(kv + R, j, cs, sn);
+    for (int i = threadIdx.x; i < R; i += 256) stkv(row + i, (kv[i] * r) * kv_norm[i]);
+    for (int j = threadIdx.x; j < P; j += 256) stkv(row + R + j, rotate_pair(kv + R, j, cs, sn));
 
     const long long qd = nope + P;  // floats per head of q
     for (int idx = threadIdx.x; idx < H * P; idx += 256) {
@@ -198,3 +221,19 @@ mla_kv_rope(const float* __restrict__ kva, const float* __restrict__ kv_norm, fl
         qa[th * D + R + j] = rotate_pair(q + th * qd + nope, j, cs, sn);
     }
 }
+}  // namespace
+
+// mla_kv_rope writes a float latent cache, mla_kv_rope_f16 a __half one: the same arguments.
+#define MLA_KV_ROPE(NAME, KV)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                                              \
+        NAME(const float* __restrict__ kva, const float* __restrict__ kv_norm, float eps,                          \
+             const float* __restrict__ q, float* __restrict__ qa, int n, int H, int R, int P, int nope, float theta, \
+             float freq_scale, float ext_factor, float corr_lo, float corr_hi, float mscale, const int* pos,       \
+             KV* __restrict__ cache) {                                                                             \
+        pdl::begin();                                                                                              \
+        mla_kv_rope_rows<KV>(kva, kv_norm, eps, q, qa, n, H, R, P, nope, theta, freq_scale, ext_factor, corr_lo,   \
+                             corr_hi, mscale, pos, cache);                                                         \
+    }
+MLA_KV_ROPE(mla_kv_rope, float)
+MLA_KV_ROPE(mla_kv_rope_f16, __half)
+#undef MLA_KV_ROPE

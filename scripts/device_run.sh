@@ -11,6 +11,8 @@
 #   peer       engine bench --cold $COLD_RUNS --peer llama.cpp=$LLAMA_DIR --plot, per model named in PEER_MODELS
 #   worker     scripts/worker_cold.py on the Qwen3-0.6B-shaped Q4_K_M model (needs the runpod wheels)
 #   profile    engine profile --repeats 50 per model named in PROFILE_MODELS (default: the 4-layer MoE / MLA shapes)
+#   longctx    scripts/bench_long_context.py per model named in LONGCTX_MODELS (f32 and f16 K/V caches, decode step
+#              against the context length: 0.6B shape to its 40,959 positions, the hybrid to 65,535)
 # Usage: STAGES="tests bench" scripts/device_run.sh
 # Detached, for runs longer than one command (logs in RESULTS instead of $OUT, which each command empties):
 #   RESULTS=/tmp/res STAGES="llamacpp models tests peer" setsid scripts/device_run.sh > /tmp/run.log 2>&1 &
@@ -81,7 +83,14 @@ for stage in $STAGES; do
         > "$OUT/worker_cold.json" 2> "$OUT/worker.log"
       echo "worker exit $?"; tail -3 "$OUT/worker.log" ;;
     conformance)
-      python3 scripts/conformance_report.py --backend cuda 2>&1 | tee "$OUT/conformance_cuda.md" ;;
+      python3 scripts/conformance_report.py --backend cuda 2>&1 | tee "$OUT/conformance_cuda.md"
+      KV_CACHE_TYPE=f16 python3 scripts/conformance_report.py --backend cuda 2>&1 | tee "$OUT/conformance_cuda_f16.md" ;;
+    longctx)
+      for m in ${LONGCTX_MODELS:-qwen3-0.6b-shaped-q4_k_m qwen3.5-0.8b-shaped-q4_k_m}; do
+        case $m in qwen3-0.6b*) ctx=64,1024,4096,16384,40959 ;; *) ctx=64,1024,4096,16384,65535 ;; esac
+        timeout "${LONGCTX_TIMEOUT:-300}" python3 scripts/bench_long_context.py "bench/models/$m.gguf" --contexts "$ctx" \
+          --out "$OUT/longctx_$m.json" 2>> "$OUT/longctx.log" || stage_exit=$?
+      done ;;
     profile)
       for m in ${PROFILE_MODELS:-qwen3-30b-a3b-shaped-4layers deepseek-v2-lite-shaped-4layers}; do
         f=bench/models/$m.gguf

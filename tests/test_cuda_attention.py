@@ -51,11 +51,21 @@ def run(launch: driver.Launch) -> None:
     memory.synchronize(0)
 
 
-def cache_with(rows: np.ndarray, max_seq: int, start: int = 0) -> DeviceArray:
-    """A poisoned (max_seq, heads, d) cache with rows[j] at position start + j."""
-    c = poisoned((max_seq, *rows.shape[1:]))
-    c.view(start * rows[0].size, rows.shape).copy_from_host(rows.astype(np.float32))
+def cache_with(rows: np.ndarray, max_seq: int, start: int = 0, kv: str = "f4") -> DeviceArray:
+    """A poisoned (max_seq, heads, d) cache of f32 ("f4") or f16 ("f2") with rows[j] at position start + j."""
+    c = poisoned((max_seq, *rows.shape[1:]), kv)
+    c.view(start * rows[0].size, rows.shape).copy_from_host(rows)
     return c
+
+
+def kv_values(a: np.ndarray, kv: str) -> np.ndarray:
+    """The values a cache of element kv holds of a, as float32 (f16: rounded to nearest even)."""
+    return a.astype(np.float16).astype(np.float32) if kv == "f2" else a
+
+
+def is_poison(a: np.ndarray) -> bool:
+    """Every element still holds the 0xFF bytes poisoned() wrote."""
+    return bool((np.ascontiguousarray(a).view(np.uint8) == 0xFF).all())
 
 
 # -- references (float64) --------------------------------------------------------------------------------------
@@ -116,7 +126,8 @@ ROPE_CASES = [  # (hd, rope_dim, neox, qk_norm, factors, freq_scale, n, pos0)
 
 
 @pytest.mark.parametrize("hd, rope_dim, neox, qk_norm, use_factors, freq_scale, n, pos0", ROPE_CASES)
-def test_qk_rope_kv(hd, rope_dim, neox, qk_norm, use_factors, freq_scale, n, pos0, seed) -> None:
+@pytest.mark.parametrize("kv", ["f4", "f2"])
+def test_qk_rope_kv(hd, rope_dim, neox, qk_norm, use_factors, freq_scale, n, pos0, kv, seed) -> None:
     rng = np.random.default_rng(seed)
     H, KVH, vd, max_seq, eps, theta = 8, 2, hd // 2 + 4, pos0 + n + 3, 1e-6, 1e6 if neox else 1e4
     q = rng.standard_normal((n, H, hd)).astype(np.float32)
@@ -125,7 +136,7 @@ def test_qk_rope_kv(hd, rope_dim, neox, qk_norm, use_factors, freq_scale, n, pos
     qn = rng.uniform(0.5, 1.5, hd).astype(np.float32) if qk_norm else None
     kn = rng.uniform(0.5, 1.5, hd).astype(np.float32) if qk_norm else None
     factors = rng.uniform(1.0, 8.0, rope_dim // 2).astype(np.float32) if use_factors else None
-    dq, dk, dv, kc, vc = dev(q), dev(k), dev(v), poisoned((max_seq, KVH, hd)), poisoned((max_seq, KVH, vd))
+    dq, dk, dv, kc, vc = dev(q), dev(k), dev(v), poisoned((max_seq, KVH, hd), kv), poisoned((max_seq, KVH, vd), kv)
     opt = [None if a is None else dev(a) for a in (qn, kn, factors)]
     pos = dev(np.array([pos0]), np.int32)
     run(knr.qk_rope_kv(dq, dk, dv, n, H, KVH, hd, vd, opt[0], opt[1], eps, rope_dim, theta, freq_scale, opt[2], neox,
@@ -139,30 +150,32 @@ def test_qk_rope_kv(hd, rope_dim, neox, qk_norm, use_factors, freq_scale, n, pos
     # float32 angles (powf, a float32 product) err by ~1e-6 relative, i.e. in proportion to the position
     m = max(np.abs(q_ref).max(), np.abs(k_ref).max())
     atol = m * (2e-5 + 2e-6 * (pos0 + n))
-    ctx = f"seed {seed}"
+    ctx = f"{kv} seed {seed}"
     np.testing.assert_allclose(dq.to_host(), q_ref, rtol=0, atol=atol, err_msg=ctx)
     got_k, got_v = kc.to_host(), vc.to_host()
-    np.testing.assert_allclose(got_k[pos0 : pos0 + n], k_ref, rtol=0, atol=atol, err_msg=ctx)
-    assert np.array_equal(got_v[pos0 : pos0 + n], v), ctx
+    # an f16 key is the float32 one rounded once: half a unit in the last place (2^-11 relative) more
+    rtol = 2.0**-11 if kv == "f2" else 0.0
+    np.testing.assert_allclose(got_k[pos0 : pos0 + n].astype(np.float32), k_ref, rtol=rtol, atol=atol, err_msg=ctx)
+    assert np.array_equal(got_v[pos0 : pos0 + n], v.astype(got_v.dtype)), ctx  # copied (rounded to nearest even)
     untouched = np.r_[0:pos0, pos0 + n : max_seq]
-    assert (got_k[untouched].view(np.uint32) == 0xFFFFFFFF).all(), f"{ctx}: k_cache written outside the batch"
-    assert (got_v[untouched].view(np.uint32) == 0xFFFFFFFF).all(), f"{ctx}: v_cache written outside the batch"
+    assert is_poison(got_k[untouched]), f"{ctx}: k_cache written outside the batch"
+    assert is_poison(got_v[untouched]), f"{ctx}: v_cache written outside the batch"
 
 
 # -- attention ------------------------------------------------------------------------------------------------------
 
 
-def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int, KVH: int = 2) -> None:
+def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int, KVH: int = 2, kv: str = "f4") -> None:
     rng = np.random.default_rng(seed)
     H, scale = KVH * group, 1.0 / np.sqrt(hd)
     q = rng.standard_normal((1, H, hd)).astype(np.float32)
-    k = rng.standard_normal((L, KVH, hd)).astype(np.float32)
-    v = rng.standard_normal((L, KVH, vd)).astype(np.float32)
-    kc, vc = cache_with(k, L + 9), cache_with(v, L + 9)  # rows >= L are NaN and must not be read
+    k = kv_values(rng.standard_normal((L, KVH, hd)).astype(np.float32), kv)  # what the cache holds, read exactly
+    v = kv_values(rng.standard_normal((L, KVH, vd)).astype(np.float32), kv)
+    kc, vc = cache_with(k, L + 9, kv=kv), cache_with(v, L + 9, kv=kv)  # rows >= L are NaN and must not be read
     dq, pos = dev(q), dev(np.array([L - 1]), np.int32)
     ref = attention64(q, k, v, L - 1, scale)[0]
     for min_chunk in (1, 32, 128):
-        ctx = f"L={L} group={group} hd={hd} vd={vd} splits={n_splits} min_chunk={min_chunk} seed {seed}"
+        ctx = f"L={L} group={group} hd={hd} vd={vd} splits={n_splits} min_chunk={min_chunk} {kv} seed {seed}"
         # folded: one launch, the last block of each kv head combines
         part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
         tickets = ka.split_counters(KVH)
@@ -193,6 +206,15 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
 def test_attn_decode(L: int, group: int, hd: int, seed: int) -> None:
     for n_splits in (1, 5, 32, 64):
         check_decode(L, group, hd, hd, n_splits, seed)
+
+
+@pytest.mark.parametrize("L", [1, 33, 129, 4096])
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("hd, vd", [(64, 64), (128, 128), (256, 256), (192, 128)])
+def test_attn_decode_f16_cache(L: int, group: int, hd: int, vd: int, seed: int) -> None:
+    """attn_decode_f16 (KV_CACHE_TYPE=f16): the f16 rows widened exactly, every split form, against float64."""
+    for n_splits in (1, 32):
+        check_decode(L, group, hd, vd, n_splits, seed, kv="f2")
 
 
 @pytest.mark.parametrize("n_splits, vd", [(1, 64), (7, 200), (32, 512), (64, 132)])
@@ -242,19 +264,21 @@ PREFILL_CASES = [(n, pos0) for n in (1, 2, 31, 32, 33, 100, 300) for pos0 in (0,
 
 @pytest.mark.parametrize("n, pos0", PREFILL_CASES)
 @pytest.mark.parametrize("hd, vd, group", [(128, 128, 2), (64, 64, 1), (256, 256, 4), (96, 64, 8)])
-def test_attn_prefill(n: int, pos0: int, hd: int, vd: int, group: int, seed: int) -> None:
+@pytest.mark.parametrize("kv", ["f4", "f2"])
+def test_attn_prefill(n: int, pos0: int, hd: int, vd: int, group: int, kv: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     KVH = 2
     H, T, scale = KVH * group, pos0 + n, 1.0 / np.sqrt(hd)
     q = rng.standard_normal((n, H, hd)).astype(np.float32)
-    k = rng.standard_normal((T, KVH, hd)).astype(np.float32)
-    v = rng.standard_normal((T, KVH, vd)).astype(np.float32)
-    kc, vc, out = cache_with(k, T + 40), cache_with(v, T + 40), poisoned((n, H, vd))
+    k = kv_values(rng.standard_normal((T, KVH, hd)).astype(np.float32), kv)
+    v = kv_values(rng.standard_normal((T, KVH, vd)).astype(np.float32), kv)
+    kc, vc, out = cache_with(k, T + 40, kv=kv), cache_with(v, T + 40, kv=kv), poisoned((n, H, vd))
     dq, pos = dev(q), dev(np.array([pos0]), np.int32)
     run(ka.attn_prefill(dq, kc, vc, pos, n, H, KVH, hd, vd, scale, out))
-    assert np.array_equal(kc.to_host()[:T], k) and np.array_equal(vc.to_host()[:T], v), "the cache is read-only here"
+    assert np.array_equal(kc.to_host()[:T], k.astype(kc.to_host().dtype)), "the cache is read-only here"
+    assert np.array_equal(vc.to_host()[:T], v.astype(vc.to_host().dtype)), "the cache is read-only here"
     ref = attention64(q, k, v, pos0, scale)
-    ctx = f"n={n} pos0={pos0} hd={hd} vd={vd} group={group} seed {seed}"
+    ctx = f"n={n} pos0={pos0} hd={hd} vd={vd} group={group} {kv} seed {seed}"
     np.testing.assert_allclose(out.to_host(), ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
 
 

@@ -60,7 +60,14 @@ def run(*launches: driver.Launch) -> None:
 
 
 def is_poison(a: np.ndarray) -> bool:
-    return bool((np.ascontiguousarray(a, np.float32).view(np.uint32) == 0xFFFFFFFF).all())
+    """Every element still holds the 0xFF bytes poisoned() wrote (f32 or f16)."""
+    a = np.ascontiguousarray(a)
+    return bool((a.view(np.uint8) == 0xFF).all())
+
+
+def f16_rounded(a: np.ndarray) -> np.ndarray:
+    """What an f16 cache holds of a (round to nearest even), as float32."""
+    return a.astype(np.float16).astype(np.float32)
 
 
 def yarn_scaling(arch: str, factor: float, orig: int, log_mul: float | None, theta: float) -> RopeScaling:
@@ -145,7 +152,8 @@ def test_head_matvec_every_type(t: GGMLType, n: int, seed: int) -> None:
 @pytest.mark.parametrize("size", ["fixture", "real"])
 @pytest.mark.parametrize("n, pos0", [(1, 0), (2, 5), (9, 37), (100, 1000)])
 @pytest.mark.parametrize("scaling", ["none", "deepseek-yarn"])
-def test_mla_kv_rope(size: str, n: int, pos0: int, scaling: str, seed: int) -> None:
+@pytest.mark.parametrize("kv", ["f4", "f2"])
+def test_mla_kv_rope(size: str, n: int, pos0: int, scaling: str, kv: str, seed: int) -> None:
     d = FIXTURE if size == "fixture" else REAL
     H, R, P, nope = d["H"], d["R"], d["P"], d["nope"]
     D, max_seq, eps, theta = R + P, pos0 + n + 3, 1e-6, 10000.0
@@ -154,7 +162,7 @@ def test_mla_kv_rope(size: str, n: int, pos0: int, scaling: str, seed: int) -> N
     kva = rng.standard_normal((n, D)).astype(np.float32) * 3
     kv_norm = rng.uniform(0.5, 1.5, R).astype(np.float32)
     q = rng.standard_normal((n, H, nope + P)).astype(np.float32)
-    qa, cache, pos = poisoned((n, H, D)), poisoned((max_seq, D)), dev(np.array([pos0]), np.int32)
+    qa, cache, pos = poisoned((n, H, D)), poisoned((max_seq, D), kv), dev(np.array([pos0]), np.int32)
     freq_scale, yarn = knr.rope_scaling(P, theta, s)
     run(knr.mla_kv_rope(dev(kva), dev(kv_norm), eps, dev(q), qa, n, H, R, P, nope, theta, freq_scale, pos, cache,
                         yarn=yarn))  # fmt: skip
@@ -164,12 +172,15 @@ def test_mla_kv_rope(size: str, n: int, pos0: int, scaling: str, seed: int) -> N
     c_ref = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * kv_norm
     kpe_ref = rope64(kva[:, None, R:], positions, P, theta, s)[:, 0]
     qpe_ref = rope64(q[..., nope:], positions, P, theta, s)
-    ctx = f"{size} n={n} pos0={pos0} {scaling} seed {seed}"
+    ctx = f"{size} n={n} pos0={pos0} {scaling} {kv} seed {seed}"
     got_cache, got_qa = cache.to_host(), qa.to_host()
-    # float32 angles err in proportion to the position (as for qk_rope_kv); the magnitude mscale scales errors too
+    # float32 angles err in proportion to the position (as for qk_rope_kv); the magnitude mscale scales errors too.
+    # An f16 row is the float32 one rounded once: half a unit in the last place (2^-11 relative) more.
     atol = 3.0 * max(1.0, s.mscale) * (2e-5 + 2e-6 * (pos0 + n))
-    np.testing.assert_allclose(got_cache[pos0 : pos0 + n, :R], c_ref, rtol=1e-5, atol=1e-5, err_msg=ctx)
-    np.testing.assert_allclose(got_cache[pos0 : pos0 + n, R:], kpe_ref, rtol=0, atol=atol, err_msg=ctx)
+    rtol = 2.0**-11 if kv == "f2" else 0.0
+    rows = got_cache[pos0 : pos0 + n].astype(np.float32)
+    np.testing.assert_allclose(rows[:, :R], c_ref, rtol=1e-5 + rtol, atol=1e-5, err_msg=ctx)
+    np.testing.assert_allclose(rows[:, R:], kpe_ref, rtol=rtol, atol=atol, err_msg=ctx)
     np.testing.assert_allclose(got_qa[..., R:], qpe_ref, rtol=0, atol=atol, err_msg=ctx)
     assert is_poison(got_qa[..., :R]), f"{ctx}: wrote the absorbed half of qa"
     assert is_poison(got_cache[np.r_[0:pos0, pos0 + n : max_seq]]), f"{ctx}: cache written outside the batch"
@@ -191,18 +202,21 @@ def attention64(qa: np.ndarray, rows: np.ndarray, R: int, pos0: int, scale: floa
 @pytest.mark.parametrize("size", ["fixture", "real"])
 @pytest.mark.parametrize("n, pos0", [(1, 0), (1, 3), (1, 40), (1, 2999), (2, 0), (8, 11), (9, 300), (100, 0),
                                      (100, 157)])  # fmt: skip
-def test_mla_attn(size: str, n: int, pos0: int, seed: int) -> None:
+@pytest.mark.parametrize("kv", ["f4", "f2"])
+def test_mla_attn(size: str, n: int, pos0: int, kv: str, seed: int) -> None:
     d = FIXTURE if size == "fixture" else REAL
     H, R, P = d["H"], d["R"], d["P"]
     D, T, scale = R + P, pos0 + n, 1.0 / math.sqrt(d["nope"] + P)
     rng = np.random.default_rng(seed)
     qa = rng.standard_normal((n, H, D)).astype(np.float32)
     rows = rng.standard_normal((T, D)).astype(np.float32)
-    cache = poisoned((T + 9, D))  # rows >= T are NaN and must not be read
+    if kv == "f2":  # the kernel reads the rounded rows exactly: the reference takes the same values
+        rows = f16_rounded(rows)
+    cache = poisoned((T + 9, D), kv)  # rows >= T are NaN and must not be read
     cache.view(0, rows.shape).copy_from_host(rows)
     pos = dev(np.array([pos0]), np.int32)
     out = poisoned((n, H, R))
-    ctx = f"{size} n={n} pos0={pos0} seed {seed}"
+    ctx = f"{size} n={n} pos0={pos0} {kv} seed {seed}"
     if n == 1:
         for n_splits in (1, 5, 32):
             part_o, part_ml = poisoned((H, n_splits, R)), poisoned((H, n_splits, 2))

@@ -109,9 +109,19 @@ def test_worker_vllm_env_names(monkeypatch):
     assert w.engine.apply_chat_template([{"role": "user", "content": "hi"}]) == "<<hi>>"
     (models,) = [o for o in w.run({"openai_route": "/v1/models"}) if o is not None]
     assert models["data"][0]["id"] == "my-model" and models["data"][0]["max_model_len"] == 96
-    for bad in ({"MAX_MODEL_LEN": "lots"}, {"DEFAULT_BATCH_SIZE": "0"}):
+    for bad in ({"MAX_MODEL_LEN": "lots"}, {"DEFAULT_BATCH_SIZE": "0"}, {"KV_CACHE_DTYPE": "int4"},
+                {"KV_CACHE_TYPE": "fp8"}):  # fmt: skip
         with pytest.raises(InvalidInput, match=next(iter(bad))):
             Settings.from_env(bad)
+
+
+def test_kv_cache_dtype_maps_to_the_engines_cache_type():
+    assert Settings.from_env({}).kv_cache_type is None  # the engine reads KV_CACHE_TYPE itself
+    assert Settings.from_env({"KV_CACHE_DTYPE": "auto"}).kv_cache_type is None
+    assert Settings.from_env({"KV_CACHE_DTYPE": "fp8_e5m2"}).kv_cache_type == "f16"  # the smallest this engine has
+    assert Settings.from_env({"KV_CACHE_DTYPE": "fp8", "KV_CACHE_TYPE": "f32"}).kv_cache_type == "f32"  # ours wins
+    w = Worker.load(TINY, env={"KV_CACHE_DTYPE": "float16"})
+    assert w.engine.model_info["kv_cache_type"] == "f16"
 
 
 # -- OpenAI shapes, logprobs ------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Per-sequence caches of the NumPy backend: growable float32 arrays (the CUDA backend preallocates instead).
+"""Per-sequence caches of the NumPy backend: growable arrays (the CUDA backend preallocates instead). K/V and latent
+rows are float32, or float16 under KV_CACHE_TYPE=f16 (engine/cache_type.py: rounded when written, widened when
+read, as the CUDA kernels do); the recurrent state is always float32.
 
 `KVCache` holds attention keys/values, `LatentCache` MLA's compressed rows, `HybridCache` a KVCache for the
 attention layers plus the recurrent state (conv windows and delta-rule matrices) of the Gated DeltaNet layers.
@@ -12,36 +14,40 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine import cache_type
+
 _GROW = 256  # positions added per growth step, so a long generation reallocates rarely
 
 
 def _grown(old: np.ndarray, n_positions: int, limit: int) -> np.ndarray | None:
-    """`old` (n_layers, capacity, ...) f32 widened along axis 1 to hold n_positions, or None when it already does."""
+    """`old` (n_layers, capacity, ...) widened along axis 1 to hold n_positions, or None when it already does."""
     cap = old.shape[1]
     if n_positions <= cap:
         return None
     new_cap = min(limit, max(n_positions, cap + _GROW))
-    grown = np.zeros((old.shape[0], new_cap, *old.shape[2:]), np.float32)
+    grown = np.zeros((old.shape[0], new_cap, *old.shape[2:]), old.dtype)
     grown[:, :cap] = old
     return grown
 
 
 def _spec(arrays: dict[str, np.ndarray], n: int, positional: tuple[str, ...]) -> list[tuple[str, str, tuple]]:
     """(name, dtype, shape) of each array as a state file holds it after n positions."""
-    return [(k, "f4", (a.shape[0], n, *a.shape[2:]) if k in positional else a.shape) for k, a in arrays.items()]
+    return [(k, a.dtype.str[1:], (a.shape[0], n, *a.shape[2:]) if k in positional else a.shape)
+            for k, a in arrays.items()]  # fmt: skip
 
 
 class KVCache:
-    """k (n_layers, capacity, n_kv_heads, head_dim) f32, v (n_layers, capacity, n_kv_heads, value_dim) f32."""
+    """k (n_layers, capacity, n_kv_heads, head_dim), v (n_layers, capacity, n_kv_heads, value_dim) of `dtype` ("f4"
+    or "f2": engine/cache_type.py)."""
 
-    # In a state file: k (n_layers, n, n_kv_heads, head_dim) f32, v (n_layers, n, n_kv_heads, value_dim) f32.
-    # The CUDA dense model keeps the same rows, so a state moves between the backends.
-    STATE_LAYOUT = "kv-f32/1"
+    # In a state file: k (n_layers, n, n_kv_heads, head_dim), v (n_layers, n, n_kv_heads, value_dim), "kv-f32/1" or
+    # "kv-f16/1" by the element. The CUDA dense model keeps the same rows, so a state moves between the backends.
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, value_dim: int, limit: int):
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, value_dim: int, limit: int, dtype: str = "f4"):
         self.limit = limit  # the most positions this cache may ever hold
-        self.k = np.zeros((n_layers, 0, n_kv_heads, head_dim), np.float32)
-        self.v = np.zeros((n_layers, 0, n_kv_heads, value_dim), np.float32)
+        self.STATE_LAYOUT = cache_type.layout("kv", dtype)
+        self.k = np.zeros((n_layers, 0, n_kv_heads, head_dim), dtype)
+        self.v = np.zeros((n_layers, 0, n_kv_heads, value_dim), dtype)
 
     def reserve(self, n_positions: int) -> None:
         """Make room for positions 0..n_positions-1 (the caller has checked n_positions <= limit)."""
@@ -82,15 +88,14 @@ class KVCache:
 
 
 class LatentCache:
-    """MLA keeps one row per position and layer: rows (n_layers, capacity, kv_lora_rank + rope_dim) f32, the
+    """MLA keeps one row per position and layer: rows (n_layers, capacity, kv_lora_rank + rope_dim) of `dtype`, the
     normalised KV latent followed by the roped k_pe. Keys are whole rows, values their first kv_lora_rank dims.
     Like K/V the rows are indexed by position, so reset, snapshot and restore have nothing to do."""
 
-    STATE_LAYOUT = "latent-f32/1"  # rows (n_layers, n, kv_lora_rank + rope_dim) f32
-
-    def __init__(self, n_layers: int, row_dim: int, limit: int):
+    def __init__(self, n_layers: int, row_dim: int, limit: int, dtype: str = "f4"):
         self.limit = limit
-        self.rows = np.zeros((n_layers, 0, row_dim), np.float32)
+        self.STATE_LAYOUT = cache_type.layout("latent", dtype)  # rows (n_layers, n, kv_lora_rank + rope_dim)
+        self.rows = np.zeros((n_layers, 0, row_dim), dtype)
 
     def reserve(self, n_positions: int) -> None:
         grown = _grown(self.rows, n_positions, self.limit)
@@ -133,11 +138,12 @@ class HybridCache:
     """
 
     # k, v of the attention layers as in KVCache; conv (n_recurrent, conv_kernel - 1, conv_dim) f32 and
-    # ssm (n_recurrent, n_v_heads, head_k_dim, head_v_dim) f32 after the last position.
-    STATE_LAYOUT = "hybrid-f32/1"
+    # ssm (n_recurrent, n_v_heads, head_k_dim, head_v_dim) f32 after the last position. "hybrid-f32/1" or
+    # "hybrid-f16/1" by the K/V element.
 
     def __init__(self, kv: KVCache, n_recurrent: int, conv_shape: tuple[int, int], ssm_shape: tuple[int, int, int]):
         self.kv = kv
+        self.STATE_LAYOUT = "hybrid" + kv.STATE_LAYOUT[2:]
         self.conv = np.zeros((n_recurrent, *conv_shape), np.float32)
         self.ssm = np.zeros((n_recurrent, *ssm_shape), np.float32)
 

@@ -21,12 +21,12 @@ from engine.sampling import SamplingParams, sample
 class CpuRunner:
     backend = "cpu"
 
-    def __init__(self, model, max_seq: int):
+    def __init__(self, model, max_seq: int, kv_dtype: str = "f4"):
         self.model = model
         self.cfg = model.cfg
         self.n_vocab = model.cfg.n_vocab
         self.max_seq = max_seq
-        self.cache = model.new_cache(max_seq)
+        self.cache = model.new_cache(max_seq, kv_dtype)  # K/V elements "f4" or "f2" (engine/cache_type.py)
         self.position = 0  # tokens of the current sequence already in the cache
         # The state file whose position-indexed rows the cache still holds: resuming it again copies only the
         # recurrent state. Any write below its length (a sequence that does not start with it) forgets it.
@@ -94,15 +94,15 @@ class CpuRunner:
     def export_state(self) -> list[state.Array]:
         """The cache after the current position, as the arrays of a state file."""
         arrays = self.cache.state_arrays(self.position)
-        return [state.Array(k, "f4", a.shape, [np.ascontiguousarray(a, dtype=np.float32).data])
-                for k, a in arrays.items()]  # fmt: skip
+        return [state.Array(k, a.dtype.str[1:], a.shape, [np.ascontiguousarray(a).data]) for k, a in arrays.items()]
 
     def import_state(self, sf: state.StateFile) -> None:
         """Continue from a state file's position (checked against this runner by engine/state.py already)."""
         arrays = {
-            name: np.frombuffer(sf.mm, np.float32, info.nbytes // 4, info.offset).reshape(info.shape)
+            name: np.frombuffer(sf.mm, np.dtype(info.dtype), info.nbytes // np.dtype(info.dtype).itemsize,
+                                info.offset).reshape(info.shape)
             for name, info in sf.arrays.items()
-        }
+        }  # fmt: skip
         self.cache.load_state(arrays, sf.n_positions, positional=self._resident is not sf)
         self._resident = sf
         self.position = sf.n_positions

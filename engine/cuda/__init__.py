@@ -80,8 +80,9 @@ def kernel_modules(config, row: archs.Arch) -> tuple[str, ...]:
     return BASE_MODULES + extra + (("moe",) if config.moe is not None else ())
 
 
-def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
-    """Wait for the context (a driver.ContextStarter), upload the weights, build the architecture's CudaModel.
+def load_runner(config, gf, max_seq: int, context, kv_dtype: str = "f4") -> tuple[object, dict]:
+    """Wait for the context (a driver.ContextStarter), upload the weights, build the architecture's CudaModel with
+    its K/V cache of kv_dtype ("f4" or "f2": engine/cache_type.py).
 
     Returns the runner and the phases measured here (cuda_init_ms, upload statistics, kv cache size)."""
     row = archs.get(config.arch)
@@ -101,7 +102,7 @@ def load_runner(config, gf, max_seq: int, context) -> tuple[object, dict]:
     family = importlib.import_module(f"engine.models.{row.cuda_module}")
     max_batch = env_int("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH, minimum=1)
     with Stopwatch() as build_sw:
-        model = family.CudaModel(config, weights, max_seq, max_batch)
+        model = family.CudaModel(config, weights, max_seq, max_batch, kv_dtype)
         runner = CudaRunner(model, stream, context.device)
     phases = {
         "cuda_init_ms": context_ms,

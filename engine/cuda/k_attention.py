@@ -4,6 +4,8 @@
 Each function checks its buffers and returns a `driver.Launch` (it does not launch). Buffers may be larger than
 needed; float buffers the kernels read as float4 (q, the KV cache) must be 16-byte aligned, with hd and vd multiples
 of 4. Positions are in device memory (`pos`, one int32), so a launch built once serves every step of a graph.
+The K/V cache is float32 ("f4") or float16 ("f2", KV_CACHE_TYPE=f16: 8-byte aligned); each kernel that touches it
+has an entry point per element (`kv_kernel`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,29 @@ def _heads(H: int, KVH: int, hd: int, vd: int) -> None:
         raise CudaError(f"attention: head dims {hd}/{vd} must be multiples of 4 up to {MAX_HEAD_DIM}")
 
 
+KV_ALIGN = {"f4": 16, "f2": 8}  # the cache's element -> the alignment its four-value loads need
+
+
+def kv_kernel(name: str, cache: DeviceArray) -> str:
+    """The entry point of kernel `name` for the cache's element: `name` over float32, `name`_f16 over float16."""
+    return name if cache.dtype == "f4" else name + "_f16"
+
+
+def need_cache(cache: DeviceArray | None, name: str, n: int, dtype: str | None = None) -> None:
+    """A K/V (or latent) cache of at least n elements of "f4" or "f2" (`dtype` when given), aligned for its loads."""
+    if cache is None:
+        raise CudaError(f"{name}: missing")
+    if cache.dtype not in KV_ALIGN or (dtype is not None and cache.dtype != dtype):
+        raise CudaError(f"{name}: a cache of {dtype or 'f4 or f2'} elements, got {cache.dtype}")
+    need(cache, name, cache.dtype, n)
+    if cache.ptr % KV_ALIGN[cache.dtype]:
+        raise CudaError(f"{name}: address {cache.ptr:#x} is not {KV_ALIGN[cache.dtype]}-byte aligned")
+
+
 def _cache(k_cache: DeviceArray, v_cache: DeviceArray, rows: int, KVH: int, hd: int, vd: int) -> None:
-    # (max_seq, KVH, hd) and (max_seq, KVH, vd) f32 of one layer; `rows` positions at least
-    need(k_cache, "k_cache", "f4", rows * KVH * hd, aligned=True)
-    need(v_cache, "v_cache", "f4", rows * KVH * vd, aligned=True)
+    # (max_seq, KVH, hd) and (max_seq, KVH, vd) of one layer, one element type; `rows` positions at least
+    need_cache(k_cache, "k_cache", rows * KVH * hd)
+    need_cache(v_cache, "v_cache", rows * KVH * vd, k_cache.dtype)
 
 
 def attn_decode(
@@ -59,7 +80,7 @@ def attn_decode(
     if counters is not None:
         need(counters, "counters", "i4", KVH)
         need(out, "out", "f4", H * vd)
-    fn = driver.module("attention").fn("attn_decode")
+    fn = driver.module("attention").fn(kv_kernel("attn_decode", k_cache))
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             i32(n_splits), i32(min_chunk), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out)]  # fmt: skip
     return Launch(fn, (KVH, n_splits), (128,), args)
@@ -115,7 +136,7 @@ def attn_prefill(
     need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, n, KVH, hd, vd)
     need(out, "out", "f4", n * H * vd, aligned=True)
-    fn = driver.module("attention").fn("attn_prefill")
+    fn = driver.module("attention").fn(kv_kernel("attn_prefill", k_cache))
     smem = prefill_smem_bytes(hd, vd)
     if smem > 48 * 1024 and _smem_set.get(fn.value, 0) < smem:  # above 48 KiB a kernel must opt in, once
         driver.check(driver.libcuda().cuFuncSetAttribute(fn, _SMEM_OPTIN, smem), "cuFuncSetAttribute(attn_prefill)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
+from engine.cuda.k_attention import kv_kernel, need_cache
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
 from engine.quants import BLOCK_SIZES, GGMLType
@@ -64,7 +65,7 @@ def head_matvec(
 
 def attn(
     qa: DeviceArray,  # (n, H, R+P) f32: absorbed queries of tokens at *pos .. *pos+n-1
-    cache: DeviceArray,  # (max_seq, R+P) f32: this layer's latent rows, 0 .. *pos+n-1 written
+    cache: DeviceArray,  # (max_seq, R+P) f32 or f16: this layer's latent rows, 0 .. *pos+n-1 written
     pos: DeviceArray,  # (1,) i32
     n: int, H: int, R: int, P: int, scale: float,
     n_splits: int,  # 1: `out` gets the result; > 1: partials for k_attention.attn_combine over n*H rows
@@ -79,14 +80,14 @@ def attn(
     if not (1 <= n <= 65535 and H >= 1 and n_splits >= 1):
         raise CudaError(f"mla attn: n={n} (<= 65535), H={H}, n_splits={n_splits} must be >= 1")
     need(qa, "qa", "f4", n * H * D, aligned=True)
-    need(cache, "cache", "f4", n * D, aligned=True)
+    need_cache(cache, "cache", n * D)
     need(pos, "pos", "i4", 1)
     if n_splits == 1:
         need(out, "out", "f4", n * H * R, aligned=True)
     else:
         need(part_o, "part_o", "f4", n * H * n_splits * R, aligned=True)
         need(part_ml, "part_ml", "f4", n * H * n_splits * 2)
-    fn = driver.module("mla").fn("mla_attn")
+    fn = driver.module("mla").fn(kv_kernel("mla_attn", cache))
     args = [ptr(qa), ptr(cache), ptr(pos), i32(H), i32(R), i32(D), f32(scale), i32(n_splits),
             ptr(part_o if n_splits > 1 else None), ptr(part_ml if n_splits > 1 else None),
             ptr(out if n_splits == 1 else None)]  # fmt: skip

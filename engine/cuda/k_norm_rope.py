@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from engine.config import RopeScaling
 from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, ptr
-from engine.cuda.k_attention import MAX_HEAD_DIM, _cache, _heads
+from engine.cuda.k_attention import MAX_HEAD_DIM, _cache, _heads, kv_kernel, need_cache
 from engine.cuda.memory import DeviceArray, need
 from engine.errors import CudaError
 
@@ -77,8 +77,8 @@ def qk_rope_kv(
     freq_factors: DeviceArray | None,  # (rope_dim/2,) f32 or None
     rope_neox: bool,
     pos: DeviceArray,  # (1,) i32: position of token 0
-    k_cache: DeviceArray,  # (max_seq, KVH, hd) f32, this layer's
-    v_cache: DeviceArray,  # (max_seq, KVH, vd) f32
+    k_cache: DeviceArray,  # (max_seq, KVH, hd) f32 or f16, this layer's
+    v_cache: DeviceArray,  # (max_seq, KVH, vd), the same element
     *,
     yarn: Yarn = NO_YARN,  # YaRN ramp and cos/sin magnitude (rope_scaling)
 ) -> Launch:  # fmt: skip
@@ -94,7 +94,7 @@ def qk_rope_kv(
             need(a, name, "f4", size)
     need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, n, KVH, hd, vd)
-    fn = driver.module("norm_rope").fn("qk_rope_kv")
+    fn = driver.module("norm_rope").fn(kv_kernel("qk_rope_kv", k_cache))
     args = [ptr(q), ptr(k), ptr(v), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), ptr(q_norm), ptr(k_norm), f32(eps),
             i32(rope_dim), f32(theta), f32(freq_scale), *_yarn_args(yarn), ptr(freq_factors),
             i32(1 if rope_neox else 0), ptr(pos), ptr(k_cache), ptr(v_cache)]  # fmt: skip
@@ -110,7 +110,7 @@ def mla_kv_rope(
     n: int, H: int, R: int, P: int, nope: int,
     theta: float, freq_scale: float,
     pos: DeviceArray,  # (1,) i32: position of token 0
-    cache: DeviceArray,  # (max_seq, R+P) f32, this layer's latent rows
+    cache: DeviceArray,  # (max_seq, R+P) f32 or f16, this layer's latent rows
     *,
     yarn: Yarn = NO_YARN,
 ) -> Launch:  # fmt: skip
@@ -123,8 +123,8 @@ def mla_kv_rope(
     need(q, "q", "f4", n * H * (nope + P))
     need(qa, "qa", "f4", n * H * D)
     need(pos, "pos", "i4", 1)
-    need(cache, "cache", "f4", n * D)
-    fn = driver.module("norm_rope").fn("mla_kv_rope")
+    need_cache(cache, "cache", n * D)
+    fn = driver.module("norm_rope").fn(kv_kernel("mla_kv_rope", cache))
     args = [ptr(kva), ptr(kv_norm), f32(eps), ptr(q), ptr(qa), i32(n), i32(H), i32(R), i32(P), i32(nope), f32(theta),
             f32(freq_scale), *_yarn_args(yarn), ptr(pos), ptr(cache)]  # fmt: skip
     return Launch(fn, (n,), (256,), args)

@@ -327,7 +327,7 @@ class CudaRunner:
 
     def state_spec(self, n: int) -> list[tuple[str, str, tuple]]:
         self.state_layout  # noqa: B018 - raises for a model without state arrays
-        return [(name, "f4", shape) for name, shape, _, _ in self.model.state_arrays(n)]
+        return [(a.name, a.dtype, a.shape) for a in self.model.state_arrays(n)]
 
     def export_state(self) -> list:
         """The caches after the current position as state-file arrays; each device run is copied out when the
@@ -350,8 +350,7 @@ class CudaRunner:
                               memory.D2H)  # fmt: skip
                 yield host
 
-        return [state.Array(name, "f4", shape, chunks(runs))
-                for name, shape, runs, _ in self.model.state_arrays(self.position)]  # fmt: skip
+        return [state.Array(a.name, a.dtype, a.shape, chunks(a.runs)) for a in self.model.state_arrays(self.position)]
 
     def import_state(self, sf) -> None:
         """Continue from a state file's position (checked against this runner by engine/state.py already). K/V rows
@@ -360,11 +359,11 @@ class CudaRunner:
         memory.synchronize(self.stream)
         n = sf.n_positions
         vmm.ensure_rows(self.model.caches, n)
-        for name, _, runs, positional in self.model.state_arrays(n):
-            if positional and self._resident is sf:
+        for a in self.model.state_arrays(n):
+            if a.positional and self._resident is sf:
                 continue
-            at = sf.arrays[name].offset
-            for address, n_bytes in runs:
+            at = sf.arrays[a.name].offset
+            for address, n_bytes in a.runs:
                 src = ctypes.addressof(ctypes.c_char.from_buffer(sf.mm, at))
                 memory.memcpy_async(address, src, n_bytes, memory.H2D, self.stream)
                 at += n_bytes

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+from typing import NamedTuple
 
 from engine.cuda import driver
 from engine.cuda.memory import DeviceArray, malloc
@@ -171,6 +172,24 @@ def cache(shape: tuple[int, ...], dtype: str = "f4", device: int = 0) -> ByNeedA
         a.ensure(MIN_ROWS)
         return a
     return UpFrontArray(shape, dtype)
+
+
+class StateArray(NamedTuple):
+    """One array of a state file (engine/state.py) as the device holds it."""
+
+    name: str
+    dtype: str  # "f4", "f2"
+    shape: tuple[int, ...]  # as the file holds it
+    runs: list[tuple[int, int]]  # device (address, bytes) segments, in C order
+    positional: bool  # indexed by position (K/V rows), not overwritten by every token (recurrent state)
+
+
+def position_rows(name: str, cache: DeviceArray, n: int) -> StateArray:
+    """Rows 0..n-1 of every layer of a (layers, max_seq, ...) cache: one contiguous run a layer."""
+    layers, rows = cache.shape[0], cache.shape[1]
+    row_bytes = cache.nbytes // (layers * rows)
+    runs = [(cache.ptr + i * rows * row_bytes, n * row_bytes) for i in range(layers)]
+    return StateArray(name, cache.dtype, (layers, n, *cache.shape[2:]), runs, True)
 
 
 def ensure_rows(caches, rows: int) -> None:

@@ -23,9 +23,9 @@ class CpuModel(blocks.Head):
         super().__init__(cfg, gf, specs.dense(cfg))
         self.rope_freqs = self.top.get("rope_freqs")  # (rope_dim / 2,) or None
 
-    def new_cache(self, limit: int) -> KVCache:
+    def new_cache(self, limit: int, dtype: str = "f4") -> KVCache:
         c = self.cfg
-        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, c.value_dim, limit)
+        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, c.value_dim, limit, dtype)
 
     def forward(self, ids: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         """ids (n,) at positions start..start+n-1 -> final-normed hidden states (n, dim) f32."""

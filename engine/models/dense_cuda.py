@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from engine import cache_type
 from engine.config import ModelConfig
 from engine.cuda import k_attention as ka
 from engine.cuda import k_elementwise as kel
@@ -27,6 +28,7 @@ from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
+from engine.cuda.vmm import StateArray, position_rows
 from engine.models import specs
 from engine.models.moe_cuda import LORA_TARGETS as MOE_LORA
 from engine.models.moe_cuda import MoEFFN
@@ -44,14 +46,15 @@ class CudaModel:
     # LoRA updates this model applies (engine/cuda/lora.py: two extra launches beside each adapted matmul; the MoE
     # FFN's router, experts and shared expert: engine/models/moe_cuda.py).
     LORA_TARGETS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) | MOE_LORA
-    # State files (engine/state.py): the same K/V rows as the NumPy backend's KVCache, so states move between them.
-    STATE_LAYOUT = "kv-f32/1"
 
-    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
+    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int, kv_dtype: str = "f4"):
         self.cfg = cfg
         self.weights = weights  # owns the device allocation every weight handle below points into
         self.max_seq = max_seq
         self.max_batch = max_batch
+        self.kv_dtype = kv_dtype  # the K/V cache's element, "f4" or "f2" (engine/cache_type.py)
+        # State files (engine/state.py): the same K/V rows as the NumPy backend's KVCache, so states move between them.
+        self.STATE_LAYOUT = cache_type.layout("kv", kv_dtype)
         top, self.layers = group_by_layer(
             {name: weights.tensor(info) for name, info in resolve(weights.gf, specs.dense(cfg)).items()}, cfg.n_layers
         )
@@ -85,8 +88,8 @@ class CudaModel:
         self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
-        self.k_cache = vmm.cache(kv_k)  # (layers, max_seq, KVH, hd) f32, rows mapped by need
-        self.v_cache = vmm.cache(kv_v)  # (layers, max_seq, KVH, vd) f32, rows mapped by need
+        self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # (layers, max_seq, KVH, hd) f32 or f16, rows mapped by need
+        self.v_cache = vmm.cache(kv_v, self.kv_dtype)  # (layers, max_seq, KVH, vd) f32 or f16, rows mapped by need
         self.caches = (self.k_cache, self.v_cache)
         self.logits = DeviceArray.empty((logit_rows(c.n_vocab), c.n_vocab))  # (rows, n_vocab) f32
         self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
@@ -95,15 +98,10 @@ class CudaModel:
     def kv_cache_bytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
-    def state_arrays(self, n: int) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], bool]]:
-        """The K/V rows of positions 0..n-1 as a state file holds them: (name, shape, device segments (address,
-        bytes) in C order, positional). Each layer's n rows are one contiguous run of its cache."""
-        c, out = self.cfg, []
-        for name, cache in (("k", self.k_cache), ("v", self.v_cache)):
-            row_bytes = 4 * cache.shape[2] * cache.shape[3]
-            runs = [(cache.ptr + (i * self.max_seq) * row_bytes, n * row_bytes) for i in range(c.n_layers)]
-            out.append((name, (c.n_layers, n, *cache.shape[2:]), runs, True))
-        return out
+    def state_arrays(self, n: int) -> list[StateArray]:
+        """The K/V rows of positions 0..n-1 as a state file holds them. Each layer's n rows are one contiguous run of
+        its cache."""
+        return [position_rows(name, cache, n) for name, cache in (("k", self.k_cache), ("v", self.v_cache))]
 
     # -- the forward pass ----------------------------------------------------------------------------------
 

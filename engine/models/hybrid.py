@@ -39,10 +39,10 @@ class CpuModel(blocks.Head):
             if cfg.gdn.recurrent[i] and "attn_qkv" not in L and "ssm_in" not in L:
                 raise GGUFError(f"layer {i} has neither 'blk.{i}.attn_qkv.weight' nor 'blk.{i}.ssm_in.weight'")
 
-    def new_cache(self, limit: int) -> HybridCache:
+    def new_cache(self, limit: int, dtype: str = "f4") -> HybridCache:
         c, g = self.cfg, self.gdn
         n_recurrent = sum(g.recurrent)
-        kv = KVCache(c.n_layers - n_recurrent, c.n_kv_heads, c.head_dim, c.value_dim, limit)
+        kv = KVCache(c.n_layers - n_recurrent, c.n_kv_heads, c.head_dim, c.value_dim, limit, dtype)
         return HybridCache(kv, n_recurrent, (g.conv_kernel - 1, g.conv_dim), (g.n_v_heads, g.head_k_dim, g.head_v_dim))
 
     def forward(self, ids: np.ndarray, cache: HybridCache, start: int) -> np.ndarray:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import array
 import math
 
+from engine import cache_type
 from engine.config import ModelConfig
 from engine.cuda import k_attention as ka
 from engine.cuda import k_deltanet as kd
@@ -34,6 +35,7 @@ from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
+from engine.cuda.vmm import StateArray, position_rows
 from engine.errors import CudaError, UnsupportedArchitecture
 from engine.models import dense_cuda, specs
 from engine.models.moe_cuda import LORA_TARGETS as MOE_LORA
@@ -68,11 +70,8 @@ class CudaModel:
     LORA_TARGETS = MOE_LORA | frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ssm_in",
                                          "ssm_ba", "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate", "ffn_up",
                                          "ffn_down"})  # fmt: skip
-    # State files: k, v (n_attn, n, KVH, hd), conv (n_rec, K-1, conv_dim), ssm (n_rec, H_v, Dk, Dv) f32, the NumPy
-    # HybridCache's arrays. None (no state files) when Dv is not a multiple of 32: the F32 GEMM transposes ssm.
-    STATE_LAYOUT: str | None = "hybrid-f32/1"
 
-    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
+    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int, kv_dtype: str = "f4"):
         g = cfg.gdn
         assert g is not None
         if cfg.rope_scaling.kind not in ("none", "linear") or cfg.rope_scaling.mscale != 1.0:
@@ -88,6 +87,11 @@ class CudaModel:
         self.weights = weights  # owns the device allocation every weight handle below points into
         self.max_seq = max_seq
         self.max_batch = max_batch
+        self.kv_dtype = kv_dtype  # the attention layers' K/V element, "f4" or "f2" (engine/cache_type.py)
+        # State files: k, v (n_attn, n, KVH, hd) of kv_dtype, conv (n_rec, K-1, conv_dim), ssm (n_rec, H_v, Dk, Dv)
+        # f32, the NumPy HybridCache's arrays. None (no state files) when Dv is not a multiple of 32: the F32 GEMM
+        # transposes ssm.
+        self.STATE_LAYOUT: str | None = "hybrid" + cache_type.layout("kv", kv_dtype)[2:]
         infos = resolve(weights.gf, specs.hybrid(cfg))
         # ssm_conv1d (ne [K, conv_dim]) is read as plain float32 values, not as matvec rows.
         top, self.layers = group_by_layer(
@@ -132,8 +136,9 @@ class CudaModel:
         self.part_o = DeviceArray.empty((c.n_heads, N_SPLITS, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, N_SPLITS, 2))  # (H, splits, 2) f32
         self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
-        self.k_cache = vmm.cache((n_attn, self.max_seq, c.n_kv_heads, c.head_dim))  # f32, rows mapped by need
-        self.v_cache = vmm.cache((n_attn, self.max_seq, c.n_kv_heads, c.value_dim))  # f32, rows mapped by need
+        kv_k, kv_v = (n_attn, self.max_seq, c.n_kv_heads, c.head_dim), (n_attn, self.max_seq, c.n_kv_heads, c.value_dim)
+        self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # f32 or f16, rows mapped by need
+        self.v_cache = vmm.cache(kv_v, self.kv_dtype)  # f32 or f16, rows mapped by need
         self.caches = (self.k_cache, self.v_cache)
         # Gated DeltaNet.
         value_dim = g.n_v_heads * g.head_v_dim
@@ -188,20 +193,14 @@ class CudaModel:
 
     # -- state files (engine/state.py) -------------------------------------------------------------------------
 
-    def state_arrays(self, n: int) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], bool]]:
-        """(name, shape, device runs (address, bytes) in C order, positional) of a state after n positions: the
-        K/V rows of the attention layers, the conv state, and ssm in the file's order, staged in ssm_saved (see
-        `state_export_launches` / `state_import_launches`)."""
-        out = []
-        for name, cache in (("k", self.k_cache), ("v", self.v_cache)):
-            row_bytes = 4 * cache.shape[2] * cache.shape[3]
-            runs = [(cache.ptr + i * self.max_seq * row_bytes, n * row_bytes) for i in range(cache.shape[0])]
-            out.append((name, (cache.shape[0], n, *cache.shape[2:]), runs, True))
-        g = self.gdn
-        out.append(("conv", self.conv_state.shape, [(self.conv_state.ptr, self.conv_state.nbytes)], False))
+    def state_arrays(self, n: int) -> list[StateArray]:
+        """A state after n positions: the K/V rows of the attention layers, the conv state, and ssm in the file's
+        order, staged in ssm_saved (see `state_export_launches` / `state_import_launches`)."""
+        g, conv = self.gdn, self.conv_state
         ssm = (self.ssm_state.shape[0], g.n_v_heads, g.head_k_dim, g.head_v_dim)
-        out.append(("ssm", ssm, [(self.ssm_saved.ptr, self.ssm_saved.nbytes)], False))
-        return out
+        return [position_rows("k", self.k_cache, n), position_rows("v", self.v_cache, n),
+                StateArray("conv", "f4", conv.shape, [(conv.ptr, conv.nbytes)], False),
+                StateArray("ssm", "f4", ssm, [(self.ssm_saved.ptr, self.ssm_saved.nbytes)], False)]  # fmt: skip
 
     def _transposes(self, to_file: bool) -> list[Launch]:
         """Every v head's state between ssm_state (Sᵀ, (Dv, Dk)) and the file order in ssm_saved (S, (Dk, Dv)). The

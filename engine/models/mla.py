@@ -41,8 +41,8 @@ class CpuModel(blocks.Head):
         self.mla = cfg.mla
         self.kq_scale = kq_scale(cfg)
 
-    def new_cache(self, limit: int) -> LatentCache:
-        return LatentCache(self.cfg.n_layers, self.mla.kv_lora_rank + self.cfg.rope_dim, limit)
+    def new_cache(self, limit: int, dtype: str = "f4") -> LatentCache:
+        return LatentCache(self.cfg.n_layers, self.mla.kv_lora_rank + self.cfg.rope_dim, limit, dtype)
 
     def forward(self, ids: np.ndarray, cache: LatentCache, start: int) -> np.ndarray:
         """ids (n,) at positions start..start+n-1 -> final-normed hidden states (n, dim) f32."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from engine import cache_type
 from engine.config import ModelConfig
 from engine.cuda import k_attention as ka
 from engine.cuda import k_elementwise as kel
@@ -32,6 +33,7 @@ from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.cuda.upload import DeviceWeights
+from engine.cuda.vmm import position_rows
 from engine.errors import UnsupportedArchitecture
 from engine.models import dense_cuda, specs
 from engine.models.moe_cuda import LORA_TARGETS as MOE_LORA
@@ -56,8 +58,6 @@ class CudaModel:
     # The LM head is the dense family's: the same buffers (x, normed, logits) and weights (output, output_norm).
     head_logits = dense_cuda.CudaModel.head_logits
     head_gather = dense_cuda.CudaModel.head_gather
-    # State files (engine/state.py): the NumPy backend's LatentCache rows, so states move between the backends.
-    STATE_LAYOUT = "latent-f32/1"
     # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one: not the
     # per-head attn_k_b / attn_v_b (not adaptable: engine/lora.py); the MoE FFN's: engine/models/moe_cuda.py.
     _matmul = dense_cuda.CudaModel._matmul
@@ -65,13 +65,16 @@ class CudaModel:
     LORA_TARGETS = frozenset({"attn_q", "attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_output", "ffn_gate", "ffn_up",
                               "ffn_down"}) | MOE_LORA  # fmt: skip
 
-    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int):
+    def __init__(self, cfg: ModelConfig, weights: DeviceWeights, max_seq: int, max_batch: int, kv_dtype: str = "f4"):
         m = cfg.mla
         assert m is not None
         self.cfg, self.mla = cfg, m
         self.weights = weights  # owns the device allocation every weight handle below points into
         self.max_seq = max_seq
         self.max_batch = max_batch
+        self.kv_dtype = kv_dtype  # the latent cache's element, "f4" or "f2" (engine/cache_type.py)
+        # State files (engine/state.py): the NumPy backend's LatentCache rows, so states move between the backends.
+        self.STATE_LAYOUT = cache_type.layout("latent", kv_dtype)
         self.row_dim = m.kv_lora_rank + cfg.rope_dim  # D: one latent cache row
         self._check_shapes()
         tensors = {}
@@ -129,7 +132,7 @@ class CudaModel:
         self.hb2 = DeviceArray.empty((b, hidden))  # (b, hidden) f32, only when gate/up types differ
         self.part_o = DeviceArray.empty((H, N_SPLITS, R))  # (H, splits, R) f32
         self.part_ml = DeviceArray.empty((H, N_SPLITS, 2))  # (H, splits, 2) f32
-        self.cache = vmm.cache((c.n_layers, self.max_seq, D))  # (layers, max_seq, R+rope) f32, rows mapped by need
+        self.cache = vmm.cache((c.n_layers, self.max_seq, D), self.kv_dtype)  # (layers, max_seq, R+rope), by need
         self.caches = (self.cache,)
         self.logits = DeviceArray.empty((dense_cuda.logit_rows(c.n_vocab), c.n_vocab))  # (rows, n_vocab) f32
         self.normed = DeviceArray.empty((b, c.dim))  # final-normed rows for gathered logits (b, dim) f32
@@ -138,12 +141,10 @@ class CudaModel:
     def kv_cache_bytes(self) -> int:
         return self.cache.nbytes
 
-    def state_arrays(self, n: int) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], bool]]:
+    def state_arrays(self, n: int) -> list[vmm.StateArray]:
         """The latent rows of positions 0..n-1 as a state file holds them (LatentCache's "rows"): one contiguous
         device run per layer."""
-        c, row = self.cfg, 4 * self.row_dim
-        runs = [(self.cache.ptr + i * self.max_seq * row, n * row) for i in range(c.n_layers)]
-        return [("rows", (c.n_layers, n, self.row_dim), runs, True)]
+        return [position_rows("rows", self.cache, n)]
 
     # -- the forward pass ----------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from engine.cuda import memory
 from engine.errors import UnsupportedArchitecture
 
 
-def _replay_ms(launches: list, stream: int, repeats: int) -> float:
+def replay_ms(launches: list, stream: int, repeats: int) -> float:
     """Mean device time of one replay of `launches`, captured as one graph (ms)."""
     graph = memory.Graph(stream)
     with graph:
@@ -40,10 +40,10 @@ def profile(engine, prompt_tokens: int = 64, repeats: int = 200) -> dict:
     runner.forward(ids, out="none")
     launches = runner.decode_launches(ids[-1])
     stream = runner.stream
-    step_ms = _replay_ms(launches, stream, repeats)
+    step_ms = replay_ms(launches, stream, repeats)
     rows = []
     for i, launch in enumerate(launches):
-        us = _replay_ms([launch], stream, repeats) * 1000.0
+        us = replay_ms([launch], stream, repeats) * 1000.0
         rows.append({"i": i, "kernel": launch.name, "grid": list(launch.grid), "block": list(launch.block),
                      "us": round(us, 2)})  # fmt: skip
     by_kernel: dict[str, dict] = {}

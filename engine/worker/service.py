@@ -108,7 +108,8 @@ class Worker:
             from engine import lora
 
             adapters = lora.parse_env(env.get(lora.ENV))  # LORA_ADAPTERS="PATH[:SCALE],...", applied at load
-            engine = Engine.load(resolved.path if resolved else None, max_seq_len=settings.max_seq_len, lora=adapters)
+            engine = Engine.load(resolved.path if resolved else None, max_seq_len=settings.max_seq_len, lora=adapters,
+                                 kv_cache_type=settings.kv_cache_type)  # fmt: skip
             if settings.chat_template:
                 engine.tokenizer.chat_template = settings.chat_template
             worker = cls(engine, Limits.from_env(env), served_name=served)

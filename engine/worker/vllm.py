@@ -9,6 +9,9 @@ naming the variable, as every setting's is):
     DEFAULT_MIN_BATCH_SIZE               first streamed batch (1)
     DEFAULT_BATCH_SIZE_GROWTH_FACTOR     growth between batches (3)
     (MIN_BATCH_SIZE, BATCH_SIZE_GROWTH_FACTOR: the names worker-vllm's engine also reads)
+    KV_CACHE_DTYPE                       -> KV_CACHE_TYPE: "auto" keeps the default (f32); "fp16" / "float16" /
+                                            "half" and vLLM's fp8 kinds give the f16 cache, the smallest this engine
+                                            has (a log line says so for fp8)
 
 Native job (worker-vllm's handler before its OpenAI proxy design):
     {"prompt": str | "messages": [...], "sampling_params": {...vLLM SamplingParams...}, "stream": bool,
@@ -21,11 +24,15 @@ the batch sizes, `use_openai_format`).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine import cache_type
 from engine.errors import InvalidInput, env_int
+
+log = logging.getLogger(__name__)
 
 VLLM_ONLY_KEYS = frozenset({"sampling_params", "apply_chat_template", "use_openai_format", "max_batch_size",
                             "min_batch_size", "batch_size_growth_factor"})  # fmt: skip
@@ -49,6 +56,7 @@ class Settings:
     stream_first: int = 1
     stream_growth: int = 3
     stream_largest: int = 48
+    kv_cache_type: str | None = None  # None: the engine reads KV_CACHE_TYPE itself
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -60,7 +68,26 @@ class Settings:
         largest = _first_int(env, ("DEFAULT_BATCH_SIZE",), 48, 1)
         first = _first_int(env, ("DEFAULT_MIN_BATCH_SIZE", "MIN_BATCH_SIZE"), 1, 1)
         growth = _first_int(env, ("DEFAULT_BATCH_SIZE_GROWTH_FACTOR", "BATCH_SIZE_GROWTH_FACTOR"), 3, 1)
-        return cls(max_seq, served or None, template, min(first, largest), growth, largest)
+        return cls(max_seq, served or None, template, min(first, largest), growth, largest, _kv_cache_type(env))
+
+
+_VLLM_KV = {"auto": None, "fp16": "f16", "float16": "f16", "half": "f16", "fp8": "f16", "fp8_e4m3": "f16",
+            "fp8_e5m2": "f16", "fp8_inc": "f16"}  # fmt: skip
+
+
+def _kv_cache_type(env: Mapping[str, str]) -> str | None:
+    """KV_CACHE_TYPE (checked here, so a bad one fails at boot), else worker-vllm's KV_CACHE_DTYPE mapped."""
+    if (env.get("KV_CACHE_TYPE") or "").strip():
+        return cache_type.resolve(None, env)
+    raw = (env.get("KV_CACHE_DTYPE") or "").strip()
+    if not raw:
+        return None
+    if raw.lower() not in _VLLM_KV:
+        raise InvalidInput(f"environment variable KV_CACHE_DTYPE={raw!r}: one of {', '.join(_VLLM_KV)}")
+    chosen = _VLLM_KV[raw.lower()]
+    if raw.lower().startswith("fp8"):
+        log.warning("KV_CACHE_DTYPE=%s: this engine's smallest K/V cache is f16; using it", raw)
+    return chosen
 
 
 def is_vllm_job(raw: object) -> bool:
