@@ -61,8 +61,10 @@ def at_context(engine: Engine, context: int, repeats: int) -> dict:
         runner.position = context  # the rows the chain wrote past c are written again by the next run
     decode = statistics.median(chained[1:])
     mapped = sum(c.mapped_bytes for c in runner.model.caches) / 2**20
+    read = sum(c.nbytes // c.shape[1] * (context + 1) for c in runner.model.caches)  # every layer's rows 0..c
     return {"context": context, "step_ms": round(step, 4), "tokens_per_s": round(1000.0 / step, 1),
-            "attention_ms": round(attn, 4), "attention_launches": len(attention), "decode_ms": round(decode, 4),
+            "attention_ms": round(attn, 4), "attention_launches": len(attention),
+            "attention_gb_per_s": round(read / (attn * 1e6), 1), "decode_ms": round(decode, 4),
             "decode_tokens_per_s": round(1000.0 / decode, 1), "kv_mapped_mib": round(mapped, 1)}  # fmt: skip
 
 
@@ -77,10 +79,11 @@ def main() -> int:
     contexts = [int(c) for c in args.contexts.split(",")]
     report = {"date": time.strftime("%Y-%m-%d"), "model": args.model, "command": " ".join(sys.argv), "runs": []}
     for kv in args.kv.split(","):
-        engine = Engine.load(args.model, backend="cuda", max_seq_len=max(contexts) + 1, kv_cache_type=kv)
+        engine = Engine.load(args.model, backend="cuda", max_seq_len=max(contexts) + DECODE_TOKENS + 1,
+                             kv_cache_type=kv)  # fmt: skip
         if engine.backend != "cuda":
             raise SystemExit("bench_long_context: needs the CUDA backend")
-        usable = [c for c in contexts if c < engine.max_seq]
+        usable = [c for c in contexts if c + DECODE_TOKENS < engine.max_seq]
         for c in usable:
             row = {"kv_cache_type": kv, **at_context(engine, c, args.repeats)}
             print(json.dumps(row), flush=True)

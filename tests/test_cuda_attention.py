@@ -204,7 +204,7 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 def test_attn_decode(L: int, group: int, hd: int, seed: int) -> None:
-    for n_splits in (1, 5, 32, 64):
+    for n_splits in (1, 5, 32, 49, 64):  # 49: dispatch.decode_splits' count for 8 kv heads on an H200
         check_decode(L, group, hd, hd, n_splits, seed)
 
 
@@ -213,7 +213,7 @@ def test_attn_decode(L: int, group: int, hd: int, seed: int) -> None:
 @pytest.mark.parametrize("hd, vd", [(64, 64), (128, 128), (256, 256), (192, 128)])
 def test_attn_decode_f16_cache(L: int, group: int, hd: int, vd: int, seed: int) -> None:
     """attn_decode_f16 (KV_CACHE_TYPE=f16): the f16 rows widened exactly, every split form, against float64."""
-    for n_splits in (1, 32):
+    for n_splits in (1, 32, 49):
         check_decode(L, group, hd, vd, n_splits, seed, kv="f2")
 
 

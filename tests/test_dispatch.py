@@ -20,3 +20,20 @@ def test_the_split_rule_fills_the_gpu_in_whole_stages() -> None:
         for stages in range(1, 100):
             s = dispatch.gemm_splits(blocks, stages)
             assert stages % s == 0 and s * blocks <= max(blocks, dispatch.GEMM_FULL_BLOCKS)
+
+
+def test_decode_splits_fill_one_wave_where_the_form_is_folded(monkeypatch) -> None:
+    monkeypatch.delenv("REFLEX_DECODE_SPLITS", raising=False)
+    assert dispatch.decode_splits(16, 8) == 49  # Qwen3-0.6B: 8 kv heads x 49 splits <= 396 blocks
+    assert dispatch.decode_splits(8, 2) == dispatch.MAX_SPLITS  # the hybrid's 2 kv heads: capped by attn_combine
+    assert dispatch.decode_splits(32, 4) == dispatch.N_SPLITS  # 8 q heads a kv head: split + combine reads them all
+    assert dispatch.decode_splits(64, 64) == dispatch.N_SPLITS  # many kv heads: never fewer than N_SPLITS
+    assert dispatch.combine_splits() == dispatch.N_SPLITS
+    for H, KVH in ((16, 8), (8, 2), (32, 4), (40, 8), (4, 1)):
+        s = dispatch.decode_splits(H, KVH)
+        assert dispatch.N_SPLITS <= s <= dispatch.MAX_SPLITS
+        assert s == dispatch.N_SPLITS or KVH * s <= dispatch.DECODE_WAVE_BLOCKS
+    monkeypatch.setenv("REFLEX_DECODE_SPLITS", "48")  # one count for every form, for comparisons
+    assert dispatch.decode_splits(16, 8) == dispatch.decode_splits(32, 4) == dispatch.combine_splits() == 48
+    monkeypatch.setenv("REFLEX_DECODE_SPLITS", "500")
+    assert dispatch.combine_splits() == dispatch.MAX_SPLITS

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+from engine.errors import env_int
+
 SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of them: k_matvec.TOKEN_BUCKETS)
 
 # Up to this many tokens, small-batch launches (engine/cuda/small_batch.py: matvec passes of 8, or one tc_matvec
@@ -20,8 +22,30 @@ MATVEC_MAX = 64
 TC_MIN = SMALL_BATCH + 1
 
 # Key splits of the decode attention: a fixed grid for every length; 4096 keys -> 128 per block keeps decode cost
-# flat in length (H200, head_dim 128, 2026-11-29).
+# flat in length (H200, head_dim 128, 2026-11-29). The split + combine forms (8 or more q heads a kv head, MLA) keep
+# N_SPLITS, since their combine reads every split; the folded form takes decode_splits. REFLEX_DECODE_SPLITS (1..64,
+# attn_combine's limit) sets every count, for comparisons.
 N_SPLITS = 32
+MAX_SPLITS = 64
+DECODE_WAVE_BLOCKS = 396  # attn_decode blocks resident at once on an H200: 132 SMs x 3 (its __launch_bounds__)
+
+
+def combine_splits() -> int:
+    """Key splits of a split + combine decode (attn_decode with 8 or more q heads a kv head, MLA's mla_attn)."""
+    return min(MAX_SPLITS, env_int("REFLEX_DECODE_SPLITS", N_SPLITS, minimum=1))
+
+
+def decode_splits(H: int, KVH: int) -> int:
+    """Key splits of attn_decode for H q heads over KVH kv heads. Folded, as many as one wave of blocks holds (KVH x
+    splits <= DECODE_WAVE_BLOCKS), from N_SPLITS to MAX_SPLITS: a split past the keys returns at once, so a short
+    context pays nothing, and a long one reads the cache from every SM. One H200 (2026-12-03,
+    scripts/bench_long_context.py, decode tok/s as generate runs it): the Qwen3-0.6B shape (8 kv heads) at 40,900
+    keys 256 -> 289 with 48 splits instead of 32 (f32 cache; f16 297 -> 356), 233 with 64 (1.3 waves); the
+    Qwen3.5-0.8B hybrid (2 kv heads) at 65,535 keys 456 -> 526 with 64 (f16 494 -> 543); at 64 and 4,096 keys
+    within 1 %."""
+    if os.environ.get("REFLEX_DECODE_SPLITS") or not decode_attention(H, KVH)[0]:
+        return combine_splits()
+    return min(MAX_SPLITS, max(N_SPLITS, DECODE_WAVE_BLOCKS // KVH))
 
 
 # One token through a matrix this tall (the LM head) and at most STREAM_MAX_K wide goes through matvec_stream: each

@@ -89,10 +89,11 @@ def attn_decode(
 def decode_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, pos: DeviceArray, H: int, KVH: int,
                     hd: int, vd: int, scale: float, part_o: DeviceArray, part_ml: DeviceArray, counters: DeviceArray,
                     out: DeviceArray) -> list[Launch]:  # fmt: skip
-    """One decode token's attention into out (H*vd,) f32 over N_SPLITS key splits, folded or with attn_combine as
-    dispatch.decode_attention picks for the head grouping; part_o / part_ml / counters as attn_decode takes them."""
+    """One decode token's attention into out (H*vd,) f32 over the key splits part_o holds (H, splits, vd), folded or
+    with attn_combine as dispatch.decode_attention picks for the head grouping (the model sizes part_o by
+    dispatch.decode_splits); part_o / part_ml / counters as attn_decode takes them."""
     fold, min_chunk = dispatch.decode_attention(H, KVH)
-    n = dispatch.N_SPLITS
+    n = part_o.shape[1]
     if fold:
         return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n, part_o, part_ml, counters, out,
                             min_chunk=min_chunk)]  # fmt: skip

@@ -23,7 +23,7 @@ from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import small_batch, vmm
-from engine.cuda.dispatch import N_SPLITS, SMALL_BATCH, use_matvec
+from engine.cuda.dispatch import SMALL_BATCH, decode_splits, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -83,8 +83,9 @@ class CudaModel:
         self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
         self.hb = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32
         self.hb2 = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32, only when gate/up types differ
-        self.part_o = DeviceArray.empty((c.n_heads, N_SPLITS, c.value_dim))  # (H, splits, vd) f32
-        self.part_ml = DeviceArray.empty((c.n_heads, N_SPLITS, 2))  # (H, splits, 2) f32
+        splits = decode_splits(c.n_heads, c.n_kv_heads)
+        self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
+        self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
         self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)

@@ -30,7 +30,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import memory, small_batch, vmm
-from engine.cuda.dispatch import N_SPLITS, use_matvec
+from engine.cuda.dispatch import decode_splits, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -133,8 +133,9 @@ class CudaModel:
         self.k = DeviceArray.empty((b, c.n_kv_heads * c.head_dim))  # (b, KVH*hd) f32
         self.v = DeviceArray.empty((b, c.n_kv_heads * c.value_dim))  # (b, KVH*vd) f32
         self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
-        self.part_o = DeviceArray.empty((c.n_heads, N_SPLITS, c.value_dim))  # (H, splits, vd) f32
-        self.part_ml = DeviceArray.empty((c.n_heads, N_SPLITS, 2))  # (H, splits, 2) f32
+        splits = decode_splits(c.n_heads, c.n_kv_heads)
+        self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
+        self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
         self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
         kv_k, kv_v = (n_attn, self.max_seq, c.n_kv_heads, c.head_dim), (n_attn, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # f32 or f16, rows mapped by need

@@ -28,7 +28,7 @@ from engine.cuda import k_gemm as kg
 from engine.cuda import k_mla as kmla
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import small_batch, vmm
-from engine.cuda.dispatch import N_SPLITS, use_matvec
+from engine.cuda.dispatch import combine_splits, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -130,8 +130,9 @@ class CudaModel:
         hidden = max(c.hidden_dim, 1)
         self.hb = DeviceArray.empty((b, hidden))  # (b, hidden) f32
         self.hb2 = DeviceArray.empty((b, hidden))  # (b, hidden) f32, only when gate/up types differ
-        self.part_o = DeviceArray.empty((H, N_SPLITS, R))  # (H, splits, R) f32
-        self.part_ml = DeviceArray.empty((H, N_SPLITS, 2))  # (H, splits, 2) f32
+        self.n_splits = combine_splits()  # mla_attn's partials, for attn_combine
+        self.part_o = DeviceArray.empty((H, self.n_splits, R))  # (H, splits, R) f32
+        self.part_ml = DeviceArray.empty((H, self.n_splits, 2))  # (H, splits, 2) f32
         self.cache = vmm.cache((c.n_layers, self.max_seq, D), self.kv_dtype)  # (layers, max_seq, R+rope), by need
         self.caches = (self.cache,)
         self.logits = DeviceArray.empty((dense_cuda.logit_rows(c.n_vocab), c.n_vocab))  # (rows, n_vocab) f32
@@ -186,9 +187,9 @@ class CudaModel:
                                    c.rope_theta, self.freq_scale, self.pos, cache, yarn=self.yarn))  # fmt: skip
         out.append(kmla.head_matvec(L["attn_k_b"], H, self.q, H * (nope + P), nope + P, n, self.qa, H * D, D))
         if n == 1:
-            out.append(kmla.attn(self.qa, cache, self.pos, 1, H, R, P, self.kq_scale, N_SPLITS, self.part_o,
+            out.append(kmla.attn(self.qa, cache, self.pos, 1, H, R, P, self.kq_scale, self.n_splits, self.part_o,
                                  self.part_ml, None))  # fmt: skip
-            out.append(ka.attn_combine(self.part_o, self.part_ml, H, N_SPLITS, R, self.o_lat))
+            out.append(ka.attn_combine(self.part_o, self.part_ml, H, self.n_splits, R, self.o_lat))
         else:
             out.append(kmla.attn(self.qa, cache, self.pos, n, H, R, P, self.kq_scale, 1, None, None, self.o_lat))
         out.append(kmla.head_matvec(L["attn_v_b"], H, self.o_lat, H * R, R, n, self.att, H * v, v))
