@@ -24,16 +24,18 @@ def test_the_split_rule_fills_the_gpu_in_whole_stages() -> None:
 
 def test_decode_splits_fill_one_wave_where_the_form_is_folded(monkeypatch) -> None:
     monkeypatch.delenv("REFLEX_DECODE_SPLITS", raising=False)
-    assert dispatch.decode_splits(16, 8) == 49  # Qwen3-0.6B: 8 kv heads x 49 splits <= 396 blocks
-    assert dispatch.decode_splits(8, 2) == dispatch.MAX_SPLITS  # the hybrid's 2 kv heads: capped by attn_combine
-    assert dispatch.decode_splits(32, 4) == dispatch.N_SPLITS  # 8 q heads a kv head: split + combine reads them all
-    assert dispatch.decode_splits(64, 64) == dispatch.N_SPLITS  # many kv heads: never fewer than N_SPLITS
+    assert dispatch.decode_splits(16, 8, 128) == 49  # Qwen3-0.6B: 8 kv heads x 49 splits <= 396 blocks
+    assert dispatch.decode_splits(8, 2, 256) == dispatch.N_SPLITS  # the hybrid: 4 x 256 x splits, a long combine
+    assert dispatch.decode_splits(2, 2, 64) == dispatch.MAX_SPLITS  # one q head a kv head: capped by attn_combine
+    assert dispatch.decode_splits(32, 4, 128) == dispatch.N_SPLITS  # 8 q heads a kv head: split + combine
+    assert dispatch.decode_splits(64, 64, 128) == dispatch.N_SPLITS  # many kv heads: never fewer than N_SPLITS
     assert dispatch.combine_splits() == dispatch.N_SPLITS
-    for H, KVH in ((16, 8), (8, 2), (32, 4), (40, 8), (4, 1)):
-        s = dispatch.decode_splits(H, KVH)
+    for H, KVH, vd in ((16, 8, 128), (8, 2, 256), (32, 4, 128), (40, 8, 128), (4, 1, 64), (2, 2, 64)):
+        s = dispatch.decode_splits(H, KVH, vd)
         assert dispatch.N_SPLITS <= s <= dispatch.MAX_SPLITS
-        assert s == dispatch.N_SPLITS or KVH * s <= dispatch.DECODE_WAVE_BLOCKS
+        fits = KVH * s <= dispatch.DECODE_WAVE_BLOCKS and H // KVH * vd * s <= dispatch.COMBINE_TAIL
+        assert s == dispatch.N_SPLITS or fits
     monkeypatch.setenv("REFLEX_DECODE_SPLITS", "48")  # one count for every form, for comparisons
-    assert dispatch.decode_splits(16, 8) == dispatch.decode_splits(32, 4) == dispatch.combine_splits() == 48
+    assert dispatch.decode_splits(16, 8, 128) == dispatch.decode_splits(32, 4, 128) == dispatch.combine_splits() == 48
     monkeypatch.setenv("REFLEX_DECODE_SPLITS", "500")
     assert dispatch.combine_splits() == dispatch.MAX_SPLITS

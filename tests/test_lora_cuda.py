@@ -28,8 +28,10 @@ PROMPT_IDS = [998, 12, 400, 77, 531, 9, 250, 868, 33, 101, 640, 2, 45, 700, 18, 
 # A router's top-k gap (in logits) under which the quantized bases' TF32 prefill GEMM may pick either expert of the
 # near-tie: then the logits can differ by far more than the GEMM's own error, and the comparison says nothing about the
 # adapters. Measured on deepseek2-tiny-q8_0 (2026-12-01): a seed that failed (error 0.10) had a gap of 8.1e-5; seven
-# that passed, 1.2e-3 to 9.7e-3.
-ROUTING_TIE = 1e-3
+# that passed, 1.2e-3 to 9.7e-3. On qwen3moe-tiny-q8_0 (2026-12-03, H200) seed 271636678 failed (error 0.76) with a
+# gap of 1.12e-3: the router's input has been through the TF32 GEMMs of every layer before, so its logits move by
+# more than one GEMM's rounding. The 3-token and decode comparisons, at 1e-4, run whatever the gap.
+ROUTING_TIE = 2e-3
 
 
 def _min_router_gap(run):

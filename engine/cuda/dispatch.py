@@ -28,6 +28,7 @@ TC_MIN = SMALL_BATCH + 1
 N_SPLITS = 32
 MAX_SPLITS = 64
 DECODE_WAVE_BLOCKS = 396  # attn_decode blocks resident at once on an H200: 132 SMs x 3 (its __launch_bounds__)
+COMBINE_TAIL = 16384  # partial values (G heads x vd x splits) the last block of a kv head sums after the others
 
 
 def combine_splits() -> int:
@@ -35,17 +36,20 @@ def combine_splits() -> int:
     return min(MAX_SPLITS, env_int("REFLEX_DECODE_SPLITS", N_SPLITS, minimum=1))
 
 
-def decode_splits(H: int, KVH: int) -> int:
-    """Key splits of attn_decode for H q heads over KVH kv heads. Folded, as many as one wave of blocks holds (KVH x
-    splits <= DECODE_WAVE_BLOCKS), from N_SPLITS to MAX_SPLITS: a split past the keys returns at once, so a short
-    context pays nothing, and a long one reads the cache from every SM. One H200 (2026-12-03,
-    scripts/bench_long_context.py, decode tok/s as generate runs it): the Qwen3-0.6B shape (8 kv heads) at 40,900
-    keys 256 -> 289 with 48 splits instead of 32 (f32 cache; f16 297 -> 356), 233 with 64 (1.3 waves); the
-    Qwen3.5-0.8B hybrid (2 kv heads) at 65,535 keys 456 -> 526 with 64 (f16 494 -> 543); at 64 and 4,096 keys
-    within 1 %."""
+def decode_splits(H: int, KVH: int, vd: int) -> int:
+    """Key splits of attn_decode for H q heads over KVH kv heads of vd value dims. Folded, as many as one wave of
+    blocks holds (KVH x splits <= DECODE_WAVE_BLOCKS) while the last block's combine stays short (G x vd x splits
+    <= COMBINE_TAIL), from N_SPLITS to MAX_SPLITS: a split past the keys returns at once, so a short context pays
+    nothing, and a long one reads the cache from every SM. One H200 (2026-12-03, scripts/bench_long_context.py,
+    decode tok/s as generate runs it): the Qwen3-0.6B shape (8 kv heads of 2 q heads, vd 128) with 48-49 splits
+    instead of 32, at 40,900 keys 256 -> 288 (f32 cache) and 297 -> 356 (f16), at 16,384 439 -> 461 and 489 -> 525,
+    at 64 and 4,096 within 1 %; 64 splits (1.3 waves) 233 at 40,900. The Qwen3.5-0.8B hybrid (2 kv heads of 4, vd
+    256) with 64: 456 -> 526 at 65,535 keys but 672 -> 662 (f32) and 696 -> 669 (f16) at 16,384, where its combine
+    of 4 x 256 x 64 partials sits behind every other block: it keeps 32."""
     if os.environ.get("REFLEX_DECODE_SPLITS") or not decode_attention(H, KVH)[0]:
         return combine_splits()
-    return min(MAX_SPLITS, max(N_SPLITS, DECODE_WAVE_BLOCKS // KVH))
+    fits = min(DECODE_WAVE_BLOCKS // KVH, COMBINE_TAIL // (H // KVH * vd))
+    return min(MAX_SPLITS, max(N_SPLITS, fits))
 
 
 # One token through a matrix this tall (the LM head) and at most STREAM_MAX_K wide goes through matvec_stream: each

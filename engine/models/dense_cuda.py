@@ -83,7 +83,7 @@ class CudaModel:
         self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
         self.hb = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32
         self.hb2 = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32, only when gate/up types differ
-        splits = decode_splits(c.n_heads, c.n_kv_heads)
+        splits = decode_splits(c.n_heads, c.n_kv_heads, c.value_dim)
         self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
         self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's

@@ -133,7 +133,7 @@ class CudaModel:
         self.k = DeviceArray.empty((b, c.n_kv_heads * c.head_dim))  # (b, KVH*hd) f32
         self.v = DeviceArray.empty((b, c.n_kv_heads * c.value_dim))  # (b, KVH*vd) f32
         self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
-        splits = decode_splits(c.n_heads, c.n_kv_heads)
+        splits = decode_splits(c.n_heads, c.n_kv_heads, c.value_dim)
         self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
         self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
