@@ -21,6 +21,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
                                              float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, float* __restrict__ direct, float* sm) {
     constexpr int KG = 32 / GC;
+    constexpr int V_AHEAD = sizeof(KV) == 2 ? 16 : 8;  // rows of V in flight: 128 bytes a lane either way
     const int g = blockIdx.x, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = H / KVH;
     const long long krow = (long long)KVH * hd, vrow = (long long)KVH * vd;  // floats between positions
@@ -102,7 +103,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
                 for (int i = 0; i < NI; ++i) scale4(acc[h][i], ch);
             }
             __syncwarp();
-#pragma unroll 8  // 8 rows of V in flight
+#pragma unroll V_AHEAD
             for (int t = 0; t < nk; ++t) {
                 float4 vv[NI];
 #pragma unroll
@@ -217,9 +218,14 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
 #define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, k0, k1, part_o, \
                                             part_ml, direct, sm)
     // GC = 8 or 4 heads per pass (fewer kv heads' worth of q padded with zero heads): smaller groups would hold
-    // more keys' loads in flight per group and push the whole kernel's register count up.
+    // more keys' loads in flight per group and push the whole kernel's register count up. An f16 row takes half the
+    // registers, so over an f16 cache 2 q heads a kv head or fewer take GC = 2: 16 keys' loads in flight a group, no
+    // padding heads.
     if (max(hd, vd) <= 128) {
-        if (G > 4) DECODE(1, 8); else DECODE(1, 4);
+        if (G > 4) DECODE(1, 8);
+        else if constexpr (sizeof(KV) == 2) {
+            if (G > 2) DECODE(1, 4); else DECODE(1, 2);
+        } else DECODE(1, 4);
     } else {
         DECODE(2, 4);
     }
