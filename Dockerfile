@@ -54,17 +54,22 @@ COPY engine/ engine/
 # PREFIX_TEXT (optional): a prompt prefix the jobs share (a system prompt). Its state (K/V rows) is baked beside the
 # model as model.gguf.reflex-prefix, on the CPU backend here, and every job whose prompt starts with it resumes from
 # it (timings.prefix_tokens_reused). A state is tied to the model and adapters: with LORA_ADAPTERS it is ignored.
+# KV_CACHE_TYPE (f32 or f16, engine/cache_type.py; empty: f32): the image's default K/V cache, and the baked state's
+# element (a worker run with the other type ignores the baked state, with a log line).
 ARG PREFIX_TEXT=""
-RUN if [ -n "$PREFIX_TEXT" ]; then python -m engine prepare /models/model.gguf --prefix "$PREFIX_TEXT"; \
-    else python -m engine prepare /models/model.gguf; fi
+ARG KV_CACHE_TYPE=""
+RUN if [ -n "$PREFIX_TEXT" ]; then KV_CACHE_TYPE="$KV_CACHE_TYPE" python -m engine prepare /models/model.gguf \
+    --prefix "$PREFIX_TEXT"; else python -m engine prepare /models/model.gguf; fi
 
 FROM pydeps AS runtime
 ARG MODEL_REPO=unsloth/Qwen3-0.6B-GGUF
 ARG MODEL_FILE=Qwen3-0.6B-Q4_K_M.gguf
+ARG KV_CACHE_TYPE=""
 WORKDIR /app
 # What /models/model.gguf is: MODEL_NAME / MODEL_FILE at run time pick it, or another model (engine/worker/models.py).
 ENV BAKED_MODEL_NAME=${MODEL_REPO} \
     BAKED_MODEL_FILE=${MODEL_FILE} \
+    KV_CACHE_TYPE=${KV_CACHE_TYPE} \
     PYTHONUNBUFFERED=1 \
     RUNPOD_SKIP_AUTO_SYSTEM_CHECKS=true \
     RUNPOD_SKIP_GPU_CHECK=true \
