@@ -143,7 +143,7 @@ class HybridCache:
 
     def __init__(self, kv: KVCache, n_recurrent: int, conv_shape: tuple[int, int], ssm_shape: tuple[int, int, int]):
         self.kv = kv
-        self.STATE_LAYOUT = "hybrid" + kv.STATE_LAYOUT[2:]
+        self.STATE_LAYOUT = cache_type.layout("hybrid", kv.k.dtype.str[1:])
         self.conv = np.zeros((n_recurrent, *conv_shape), np.float32)
         self.ssm = np.zeros((n_recurrent, *ssm_shape), np.float32)
 

@@ -91,7 +91,7 @@ class CudaModel:
         # State files: k, v (n_attn, n, KVH, hd) of kv_dtype, conv (n_rec, K-1, conv_dim), ssm (n_rec, H_v, Dk, Dv)
         # f32, the NumPy HybridCache's arrays. None (no state files) when Dv is not a multiple of 32: the F32 GEMM
         # transposes ssm.
-        self.STATE_LAYOUT: str | None = "hybrid" + cache_type.layout("kv", kv_dtype)[2:]
+        self.STATE_LAYOUT: str | None = cache_type.layout("hybrid", kv_dtype)
         infos = resolve(weights.gf, specs.hybrid(cfg))
         # ssm_conv1d (ne [K, conv_dim]) is read as plain float32 values, not as matvec rows.
         top, self.layers = group_by_layer(
