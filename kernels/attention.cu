@@ -8,22 +8,22 @@
 namespace {
 
 // ---- decode ----------------------------------------------------------------------------------------------------
-// Block (kv head g, split s), 4 warps. The split's keys are dealt to warps in tiles of 32 (warp w: tiles w, w+4,
-// ...); every warp keeps its own online softmax for GC q heads at once and the 4 are merged at the end, so each K/V
-// row is read once from memory. Lane `lane` owns dims 4*lane + 128*i (i < NI) of q, k, v and of the accumulators.
-// Scores of a tile come in GC groups of KG = 32/GC keys: each lane forms the KG x GC partial dot products of its
-// dims, and one transpose_sum leaves lane L holding score (key j*KG + L/GC, head L%GC) of group j in sc[j].
-// Heads beyond GC are done in further passes over the keys (G > 8, or G > 4 with 256-wide heads); padding heads
-// (q = 0) are computed and dropped.
+// Block (b, split s), 4 warps: b = g * parts + part takes q heads [b * G, +G) of kv head g (G = H / KVH / parts).
+// The split's keys are dealt to warps in tiles of 32 (warp w: tiles w, w+4, ...); every warp keeps its own online
+// softmax for GC q heads at once and the 4 are merged at the end, so a block reads each K/V row once from memory.
+// Lane `lane` owns dims 4*lane + 128*i (i < NI) of q, k, v and of the accumulators. Scores of a tile come in GC
+// groups of KG = 32/GC keys: each lane forms the KG x GC partial dot products of its dims, and one transpose_sum
+// leaves lane L holding score (key j*KG + L/GC, head L%GC) of group j in sc[j]. Heads beyond GC are done in further
+// passes over the keys (more than 8 heads a block, or 4 with 256-wide heads); padding heads (q = 0) are computed and
+// dropped.
 template <int NI, int GC, typename KV>
 __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const KV* __restrict__ kc,
-                                             const KV* __restrict__ vc, int H, int KVH, int hd, int vd,
+                                             const KV* __restrict__ vc, int G, int parts, int KVH, int hd, int vd,
                                              float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, float* __restrict__ direct, float* sm) {
     constexpr int KG = 32 / GC;
     constexpr int V_AHEAD = sizeof(KV) == 2 ? 16 : 8;  // rows of V in flight: 128 bytes a lane either way
-    const int g = blockIdx.x, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int G = H / KVH;
+    const int b = blockIdx.x, g = b / parts, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long krow = (long long)KVH * hd, vrow = (long long)KVH * vd;  // floats between positions
     const KV* kg = kc + (long long)g * hd;
     const KV* vg = vc + (long long)g * vd;
@@ -39,7 +39,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
             for (int i = 0; i < NI; ++i) {
                 const int d = 128 * i + 4 * lane;
-                qr[h][i] = c0 + h < G && d < hd ? ldg4(q + (long long)(g * G + c0 + h) * hd + d) : zero4();
+                qr[h][i] = c0 + h < G && d < hd ? ldg4(q + (long long)(b * G + c0 + h) * hd + d) : zero4();
                 scale4(qr[h][i], qscale);
                 acc[h][i] = zero4();
             }
@@ -148,10 +148,10 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
                 L = fmaf(f, sml[(w * GC + h) * 2 + 1], L);
             }
             if (direct) {  // the only split: combine_heads would compute this same quotient
-                direct[(long long)(g * G + c0 + h) * vd + e] = o / L;
+                direct[(long long)(b * G + c0 + h) * vd + e] = o / L;
                 continue;
             }
-            const long long r = (long long)(g * G + c0 + h) * n_splits + s;  // row of part_*: (q head, split)
+            const long long r = (long long)(b * G + c0 + h) * n_splits + s;  // row of part_*: (q head, split)
             part_o[r * vd + e] = o;
             if (e == 0) {
                 part_ml[2 * r] = M == neg_inf() ? M : M * LN2;
@@ -162,8 +162,9 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
     }
 }
 
-// out[h, :] for the heads of kv head g, from the partials of splits [0, active): M = max_s m_s, then in split order
-// o = sum_s w_s * part_o[h, s, :], L = sum_s w_s * l_s with w_s = exp(m_s - M) (0 for an empty split), out = o / L.
+// out[h, :] for the G q heads [b * G, +G) of block row b, from the partials of splits [0, active): M = max_s m_s,
+// then in split order o = sum_s w_s * part_o[h, s, :], L = sum_s w_s * l_s with w_s = exp(m_s - M) (0 for an empty
+// split), out = o / L.
 // FOLD (inside attn_decode): the partials were written by other blocks of this launch (visible through L2 after their
 // fence), so they are read with __ldcg, never through this L1. attn_combine, a later launch, reads them as usual
 // (through L1: every thread reads the same maxima). On an H200 the __ldcg form took 8.1 us a launch for the 30B-A3B
@@ -175,10 +176,10 @@ __device__ __forceinline__ float ld_part(const float* p) {
 }
 
 template <bool FOLD>
-__device__ __forceinline__ void combine_heads(const float* part_o, const float* part_ml, int g, int G, int n_splits,
+__device__ __forceinline__ void combine_heads(const float* part_o, const float* part_ml, int b, int G, int n_splits,
                                               int active, int vd, float* __restrict__ out) {
     for (int idx = threadIdx.x; idx < G * vd; idx += blockDim.x) {
-        const int h = g * G + idx / vd, e = idx % vd;
+        const int h = b * G + idx / vd, e = idx % vd;
         const float* ml = part_ml + (long long)h * n_splits * 2;
         float M = neg_inf();
         for (int s = 0; s < active; ++s) M = fmaxf(M, ld_part<FOLD>(ml + 2 * s));
@@ -192,17 +193,18 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
     }
 }
 
-// grid (KVH, n_splits), block 128. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), min_chunk) and active =
+// grid (KVH * parts, n_splits), block 128: block row b = g * parts + part takes q heads [b * G, +G) of kv head g,
+// G = H / KVH / parts. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), min_chunk) and active =
 // ceil(L / chunk) splits; split s < active covers keys [s*chunk, min((s+1)*chunk, L)).
-// With counters (the fold): the other splits return at once, and the last block of kv head g to finish (a ticket from
-// counters[g], which it sets back to 0) combines the heads of g into out over splits [0, active): no second launch,
+// With counters (the fold): the other splits return at once, and the last block of row b to finish (a ticket from
+// counters[b], which it sets back to 0) combines the heads of b into out over splits [0, active): no second launch,
 // and the order of the sum is fixed whatever order the blocks ran in. With one active split (L <= min_chunk) that
 // block writes out directly, bit for bit what the combine would (weight exp(0) = 1). Without (counters null): every split writes its
 // partials (empty ones m = -inf, l = 0) for attn_combine over all n_splits. dispatch.decode_attention picks.
 template <typename KV>
 __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __restrict__ k_cache,
                                        const KV* __restrict__ v_cache, const int* pos, int H, int KVH, int hd, int vd,
-                                       float scale, int n_splits, int min_chunk, float* __restrict__ part_o,
+                                       float scale, int n_splits, int min_chunk, int parts, float* __restrict__ part_o,
                                        float* __restrict__ part_ml, int* __restrict__ counters,
                                        float* __restrict__ out) {
     __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
@@ -212,11 +214,11 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     const int chunk = max((L + n_splits - 1) / n_splits, min_chunk), active = (L + chunk - 1) / chunk;
     if (counters && int(blockIdx.y) >= active) return;
     const int k0 = min(int(blockIdx.y) * chunk, L), k1 = min(k0 + chunk, L);
-    const int G = H / KVH;
+    const int G = H / KVH / parts;  // q heads of this block
     // One active split (folded): its block writes out itself, with no partials, ticket or second pass.
     float* direct = counters && active == 1 ? out : nullptr;
-#define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, H, KVH, hd, vd, scale, n_splits, k0, k1, part_o, \
-                                            part_ml, direct, sm)
+#define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, k1, \
+                                            part_o, part_ml, direct, sm)
     // GC = 8 or 4 heads per pass (fewer kv heads' worth of q padded with zero heads): smaller groups would hold
     // more keys' loads in flight per group and push the whole kernel's register count up. An f16 row takes half the
     // registers, so over an f16 cache 2 q heads a kv head or fewer take GC = 2: 16 keys' loads in flight a group, no
@@ -245,11 +247,11 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
 #define ATTN_DECODE(NAME, KV)                                                                                      \
     extern "C" __global__ void __launch_bounds__(128, 3)                                                           \
         NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
-             const int* pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk,             \
+             const int* pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk, int parts,  \
              float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,                  \
              float* __restrict__ out) {                                                                            \
         pdl::begin();                                                                                              \
-        decode<KV>(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n_splits, min_chunk, part_o, part_ml,         \
+        decode<KV>(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n_splits, min_chunk, parts, part_o, part_ml,  \
                    counters, out);                                                                                 \
     }
 ATTN_DECODE(attn_decode, float)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.cpu import ops
-from engine.cuda import driver, memory
+from engine.cuda import dispatch, driver, memory
 from engine.cuda import k_attention as ka
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import k_sample as ks
@@ -174,13 +174,14 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
     kc, vc = cache_with(k, L + 9, kv=kv), cache_with(v, L + 9, kv=kv)  # rows >= L are NaN and must not be read
     dq, pos = dev(q), dev(np.array([L - 1]), np.int32)
     ref = attention64(q, k, v, L - 1, scale)[0]
-    for min_chunk in (1, 32, 128):
-        ctx = f"L={L} group={group} hd={hd} vd={vd} splits={n_splits} min_chunk={min_chunk} {kv} seed {seed}"
-        # folded: one launch, the last block of each kv head combines
+    forms = [(m, p) for m in (1, 32, 128) for p in sorted({1, dispatch.decode_attention(H, KVH)[2]})]
+    for min_chunk, parts in forms:  # parts: one block a kv head, and as many as the rule shares it among
+        ctx = f"L={L} group={group} hd={hd}/{vd} splits={n_splits} min_chunk={min_chunk} parts={parts} {kv} seed {seed}"
+        # folded: one launch, the last block of each row of blocks combines
         part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
-        tickets = ka.split_counters(KVH)
+        tickets = ka.split_counters(KVH * parts)
         launch = ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, tickets, out,
-                                min_chunk=min_chunk)  # fmt: skip
+                                min_chunk=min_chunk, parts=parts)  # fmt: skip
         run(launch)
         first = out.to_host()
         np.testing.assert_allclose(first, ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
@@ -190,7 +191,8 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
         assert np.array_equal(out.to_host(), first), ctx
         # partials for attn_combine: every split written, empty ones too
         part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
-        run(ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, min_chunk=min_chunk))
+        run(ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, min_chunk=min_chunk,
+                           parts=parts))  # fmt: skip
         assert not np.isnan(part_o.to_host()).any() and not np.isnan(part_ml.to_host()).any(), ctx
         run(ka.attn_combine(part_o, part_ml, H, n_splits, vd, out))
         combined = out.to_host()
@@ -241,15 +243,19 @@ def test_attn_combine(n_splits: int, vd: int, seed: int) -> None:
         ka.attn_combine(dev(o), dev(ml), H, 65, vd, out)
 
 
-def test_decode_launches_follow_the_dispatch_rule() -> None:
-    """Fewer than 8 q heads a kv head: one folded launch; 8 or more: split partials and attn_combine."""
+def test_decode_launches_follow_the_dispatch_rule(monkeypatch) -> None:
+    """One folded launch, a kv head's q heads shared among blocks of at most 4; with one block a kv head
+    (REFLEX_ATTN_PARTS=1), 8 or more q heads take split partials and attn_combine."""
     kc, vc, pos = DeviceArray.empty((64, 2, 64)), DeviceArray.empty((64, 2, 64)), dev(np.array([9]), np.int32)
-    for group, names in ((2, ["attn_decode"]), (8, ["attn_decode", "attn_combine"])):
+    for parts_env, group, names, grid_x in (("", 2, ["attn_decode"], 2), ("", 8, ["attn_decode"], 4),
+                                            ("1", 8, ["attn_decode", "attn_combine"], 2)):  # fmt: skip
+        monkeypatch.setenv("REFLEX_ATTN_PARTS", parts_env)
         H = 2 * group
         q, out = DeviceArray.empty((H * 64,)), DeviceArray.empty((H * 64,))
         part_o, part_ml = DeviceArray.empty((H, 32, 64)), DeviceArray.empty((H, 32, 2))
-        launches = ka.decode_launches(q, kc, vc, pos, H, 2, 64, 64, 0.125, part_o, part_ml, ka.split_counters(2), out)
+        launches = ka.decode_launches(q, kc, vc, pos, H, 2, 64, 64, 0.125, part_o, part_ml, ka.split_counters(H), out)
         assert [launch.name.split(".")[-1] for launch in launches] == names, group
+        assert launches[0].grid[0] == grid_x, group
 
 
 @pytest.mark.parametrize("L, group, hd, vd, n_splits", [(300, 3, 96, 96, 16), (129, 16, 128, 128, 8),

@@ -27,15 +27,25 @@ def test_decode_splits_fill_one_wave_where_the_form_is_folded(monkeypatch) -> No
     assert dispatch.decode_splits(16, 8, 128) == 49  # Qwen3-0.6B: 8 kv heads x 49 splits <= 396 blocks
     assert dispatch.decode_splits(8, 2, 256) == dispatch.N_SPLITS  # the hybrid: 4 x 256 x splits, a long combine
     assert dispatch.decode_splits(2, 2, 64) == dispatch.MAX_SPLITS  # one q head a kv head: capped by attn_combine
-    assert dispatch.decode_splits(32, 4, 128) == dispatch.N_SPLITS  # 8 q heads a kv head: split + combine
+    assert dispatch.decode_splits(32, 4, 128) == dispatch.N_SPLITS  # 30B-A3B: 2 blocks of 4 q heads, 4 x 128 x 32
     assert dispatch.decode_splits(64, 64, 128) == dispatch.N_SPLITS  # many kv heads: never fewer than N_SPLITS
     assert dispatch.combine_splits() == dispatch.N_SPLITS
-    for H, KVH, vd in ((16, 8, 128), (8, 2, 256), (32, 4, 128), (40, 8, 128), (4, 1, 64), (2, 2, 64)):
+    for H, KVH, vd in ((16, 8, 128), (8, 2, 256), (32, 4, 128), (40, 8, 128), (4, 1, 64), (2, 2, 64), (64, 4, 128)):
         s = dispatch.decode_splits(H, KVH, vd)
         assert dispatch.N_SPLITS <= s <= dispatch.MAX_SPLITS
-        fits = KVH * s <= dispatch.DECODE_WAVE_BLOCKS and H // KVH * vd * s <= dispatch.COMBINE_TAIL
+        rows = KVH * dispatch.decode_attention(H, KVH)[2]
+        fits = rows * s <= dispatch.DECODE_WAVE_BLOCKS and H // rows * vd * s <= dispatch.COMBINE_TAIL
         assert s == dispatch.N_SPLITS or fits
     monkeypatch.setenv("REFLEX_DECODE_SPLITS", "48")  # one count for every form, for comparisons
     assert dispatch.decode_splits(16, 8, 128) == dispatch.decode_splits(32, 4, 128) == dispatch.combine_splits() == 48
     monkeypatch.setenv("REFLEX_DECODE_SPLITS", "500")
     assert dispatch.combine_splits() == dispatch.MAX_SPLITS
+
+
+def test_decode_attention_shares_a_kv_head_among_blocks_of_at_most_four_q_heads(monkeypatch) -> None:
+    monkeypatch.delenv("REFLEX_ATTN_PARTS", raising=False)
+    for G, parts in ((1, 1), (2, 1), (4, 1), (5, 5), (6, 2), (8, 2), (12, 3), (16, 4)):
+        assert dispatch.decode_attention(4 * G, 4) == (True, 128, parts), G  # every form folded
+    monkeypatch.setenv("REFLEX_ATTN_PARTS", "1")  # one block a kv head, for comparisons
+    assert dispatch.decode_attention(32, 4) == (False, 1, 1)  # 8 q heads a block: split + combine
+    assert dispatch.decode_attention(16, 4) == (True, 128, 1)

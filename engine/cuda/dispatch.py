@@ -37,18 +37,20 @@ def combine_splits() -> int:
 
 
 def decode_splits(H: int, KVH: int, vd: int) -> int:
-    """Key splits of attn_decode for H q heads over KVH kv heads of vd value dims. Folded, as many as one wave of
-    blocks holds (KVH x splits <= DECODE_WAVE_BLOCKS) while the last block's combine stays short (G x vd x splits
-    <= COMBINE_TAIL), from N_SPLITS to MAX_SPLITS: a split past the keys returns at once, so a short context pays
-    nothing, and a long one reads the cache from every SM. One H200 (2026-12-03, scripts/bench_long_context.py,
-    decode tok/s as generate runs it): the Qwen3-0.6B shape (8 kv heads of 2 q heads, vd 128) with 48-49 splits
-    instead of 32, at 40,900 keys 256 -> 288 (f32 cache) and 297 -> 356 (f16), at 16,384 439 -> 461 and 489 -> 525,
-    at 64 and 4,096 within 1 %; 64 splits (1.3 waves) 233 at 40,900. The Qwen3.5-0.8B hybrid (2 kv heads of 4, vd
-    256) with 64: 456 -> 526 at 65,535 keys but 672 -> 662 (f32) and 696 -> 669 (f16) at 16,384, where its combine
-    of 4 x 256 x 64 partials sits behind every other block: it keeps 32."""
-    if os.environ.get("REFLEX_DECODE_SPLITS") or not decode_attention(H, KVH)[0]:
+    """Key splits of attn_decode for H q heads over KVH kv heads of vd value dims. Folded, as many as one wave of blocks
+    holds (KVH x parts x splits <= DECODE_WAVE_BLOCKS) while the last block's combine stays short (its q heads x vd x
+    splits <= COMBINE_TAIL), from N_SPLITS to MAX_SPLITS: a split past the keys returns at once, so a short context pays
+    nothing, and a long one reads the cache from every SM. One H200 (2026-12-03, scripts/bench_long_context.py, decode
+    tok/s as generate runs it): the Qwen3-0.6B shape (8 kv heads of 2 q heads, vd 128) with 48-49 splits instead of 32,
+    at 40,900 keys 256 -> 288 (f32 cache) and 297 -> 356 (f16), at 16,384 439 -> 461 and 489 -> 525, at 64 and 4,096
+    within 1 %; 64 splits (1.3 waves) 233 at 40,900. The Qwen3.5-0.8B hybrid (2 kv heads of 4, vd 256) with 64: 456 ->
+    526 at 65,535 keys but 672 -> 662 (f32) and 696 -> 669 (f16) at 16,384, where its combine of 4 x 256 x 64 partials
+    sits behind every other block: it keeps 32."""
+    fold, _, parts = decode_attention(H, KVH)
+    if os.environ.get("REFLEX_DECODE_SPLITS") or not fold:
         return combine_splits()
-    fits = min(DECODE_WAVE_BLOCKS // KVH, COMBINE_TAIL // (H // KVH * vd))
+    rows = KVH * parts  # blocks a split
+    fits = min(DECODE_WAVE_BLOCKS // rows, COMBINE_TAIL // (H // rows * vd))
     return min(MAX_SPLITS, max(N_SPLITS, fits))
 
 
@@ -106,17 +108,27 @@ def passes(n: int) -> list[tuple[int, int]]:
     return [(at, min(SMALL_BATCH, n - at)) for at in range(0, n, SMALL_BATCH)]
 
 
-def decode_attention(H: int, KVH: int) -> tuple[bool, int]:
-    """(fold, min_chunk) of attn_decode for H q heads over KVH kv heads. Folded, the last block of a kv head combines
-    its splits (one launch) and a split takes 128 keys at least; else 32 splits of ceil(L / 32) keys and an
-    attn_combine launch. Measured on one H200 (2026-12-01, 65-key context): 2 q heads a kv head (Qwen3-0.6B) 8.7 us
-    folded vs 9.8 split + combine; 8 a kv head (Qwen3-30B-A3B) 15.9 folded (its 4 kv heads gave 4 blocks; 20.8 with
-    32 keys a split) vs 12.5 split + combine, and 5.9 + 3.6 since attn_decode skips empty key groups and attn_combine
-    sums each element over the splits with independent loads (same GPU, later that day). Folded with one active
-    split (L <= 128 keys here) the block writes out directly: on an H200 (2026-12-02, 64-key context) the 0.6B
-    shape's attn_decode 9.1 -> 7.2 us a launch, its decode step 1.0917 -> 1.0235 ms.
+BLOCK_HEADS = 4  # q heads an attn_decode block scores at most, its kv head's shared among `parts` blocks
+
+
+def decode_attention(H: int, KVH: int) -> tuple[bool, int, int]:
+    """(fold, min_chunk, parts) of attn_decode for H q heads over KVH kv heads. Folded, the last block of a row
+    combines its splits (one launch) and a split takes 128 keys at least; else 32 splits of ceil(L / 32) keys and an
+    attn_combine launch. A kv head's G = H / KVH q heads are shared among `parts` blocks of at most BLOCK_HEADS
+    (each reads the kv head's keys once): the fewest whole parts.
+    Measured on one H200 (2026-12-01, 65-key context): 2 q heads a kv head (Qwen3-0.6B) 8.7 us folded vs 9.8 split +
+    combine; 8 a kv head (Qwen3-30B-A3B) in one block 15.9 folded (its 4 kv heads gave 4 blocks; 20.8 with 32 keys a
+    split) vs 12.5 split + combine, and 5.9 + 3.6 since attn_decode skips empty key groups and attn_combine sums each
+    element over the splits with independent loads (same GPU, later that day). Folded with one active split (L <= 128
+    keys here) the block writes out directly: on an H200 (2026-12-02, 64-key context) the 0.6B shape's attn_decode
+    9.1 -> 7.2 us a launch, its decode step 1.0917 -> 1.0235 ms. REFLEX_ATTN_PARTS=1 keeps one block a kv head (and
+    so split + combine for 8 or more q heads a kv head), for comparisons.
     qk_rope_kv stays a launch of its own before it: folded into attn_decode (every block roping its q heads, the
     block of the new key writing its cache row) it was no faster on an H200 (2026-12-01, 64-key context, step of the
     Qwen3-0.6B shape 1.0950 vs 1.0961 ms, Qwen3.5-0.8B 1.1064 vs 1.0944, 30B-A3B 4 layers 0.4289 vs 0.4236): the
     prologue's latency sat on every block's critical path, where the separate launch overlaps its neighbours."""
-    return (True, 128) if H // KVH < 8 else (False, 1)
+    G = H // KVH
+    parts = next(p for p in range(1, G + 1) if G % p == 0 and G // p <= BLOCK_HEADS)
+    if os.environ.get("REFLEX_ATTN_PARTS") == "1":
+        parts = 1
+    return (True, 128, parts) if G // parts < 8 else (False, 1, parts)

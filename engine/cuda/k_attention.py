@@ -61,15 +61,18 @@ def attn_decode(
     n_splits: int,  # key splits: a fixed grid for every length (32..64 keep 4k keys flat-cost)
     part_o: DeviceArray,  # (H, n_splits, vd) f32: partial outputs
     part_ml: DeviceArray,  # (H, n_splits, 2) f32: their max and sum
-    counters: DeviceArray | None = None,  # (KVH,) i32, zero before the first launch (every launch leaves it zero)
+    counters: DeviceArray | None = None,  # (KVH*parts,) i32, zero before the first launch (each launch leaves it so)
     out: DeviceArray | None = None,  # (H*vd,) f32 out, with counters
     min_chunk: int = 1,  # keys a split at least
+    parts: int = 1,  # blocks sharing a kv head's q heads (a whole divisor of H / KVH)
 ) -> Launch:  # fmt: skip
-    """With counters and out: one launch, the splits combined by the last block of each kv head; without: the
+    """With counters and out: one launch, the splits combined by the last block of each row of blocks; without: the
     partials, for attn_combine (kernels/README.md; dispatch.decode_attention chooses)."""
     _heads(H, KVH, hd, vd)
     if n_splits < 1 or min_chunk < 1:
         raise CudaError(f"attn_decode: n_splits {n_splits} and min_chunk {min_chunk} must be >= 1")
+    if parts < 1 or (H // KVH) % parts:
+        raise CudaError(f"attn_decode: {H // KVH} q heads a kv head cannot go in {parts} equal parts")
     if (counters is None) != (out is None):
         raise CudaError("attn_decode: counters and out come together (the folded combine)")
     need(q, "q", "f4", H * hd, aligned=True)
@@ -78,12 +81,12 @@ def attn_decode(
     need(part_o, "part_o", "f4", H * n_splits * vd)
     need(part_ml, "part_ml", "f4", H * n_splits * 2)
     if counters is not None:
-        need(counters, "counters", "i4", KVH)
+        need(counters, "counters", "i4", KVH * parts)
         need(out, "out", "f4", H * vd)
     fn = driver.module("attention").fn(kv_kernel("attn_decode", k_cache))
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
-            i32(n_splits), i32(min_chunk), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out)]  # fmt: skip
-    return Launch(fn, (KVH, n_splits), (128,), args)
+            i32(n_splits), i32(min_chunk), i32(parts), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out)]  # fmt: skip
+    return Launch(fn, (KVH * parts, n_splits), (128,), args)
 
 
 def decode_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, pos: DeviceArray, H: int, KVH: int,
@@ -92,18 +95,20 @@ def decode_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, 
     """One decode token's attention into out (H*vd,) f32 over the key splits part_o holds (H, splits, vd), folded or
     with attn_combine as dispatch.decode_attention picks for the head grouping (the model sizes part_o by
     dispatch.decode_splits); part_o / part_ml / counters as attn_decode takes them."""
-    fold, min_chunk = dispatch.decode_attention(H, KVH)
+    fold, min_chunk, parts = dispatch.decode_attention(H, KVH)
     n = part_o.shape[1]
     if fold:
         return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n, part_o, part_ml, counters, out,
-                            min_chunk=min_chunk)]  # fmt: skip
-    return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n, part_o, part_ml, min_chunk=min_chunk),
+                            min_chunk=min_chunk, parts=parts)]  # fmt: skip
+    return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n, part_o, part_ml, min_chunk=min_chunk,
+                        parts=parts),
             attn_combine(part_o, part_ml, H, n, vd, out)]  # fmt: skip
 
 
-def split_counters(KVH: int) -> DeviceArray:
-    """attn_decode's tickets: (KVH,) i32, zeroed."""
-    c = DeviceArray.empty((KVH,), "i4")
+def split_counters(rows: int) -> DeviceArray:
+    """attn_decode's tickets, one a row of blocks (KVH x parts; a model holds H, enough for any parts): (rows,) i32,
+    zeroed."""
+    c = DeviceArray.empty((rows,), "i4")
     c.fill_byte(0)
     return c
 

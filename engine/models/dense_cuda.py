@@ -86,7 +86,7 @@ class CudaModel:
         splits = decode_splits(c.n_heads, c.n_kv_heads, c.value_dim)
         self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
-        self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
+        self.tickets = ka.split_counters(c.n_heads)  # (H,) i32, attn_decode's (KVH x parts of them used)
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # (layers, max_seq, KVH, hd) f32 or f16, rows mapped by need

@@ -136,7 +136,7 @@ class CudaModel:
         splits = decode_splits(c.n_heads, c.n_kv_heads, c.value_dim)
         self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
-        self.tickets = ka.split_counters(c.n_kv_heads)  # (KVH,) i32, attn_decode's
+        self.tickets = ka.split_counters(c.n_heads)  # (H,) i32, attn_decode's (KVH x parts of them used)
         kv_k, kv_v = (n_attn, self.max_seq, c.n_kv_heads, c.head_dim), (n_attn, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # f32 or f16, rows mapped by need
         self.v_cache = vmm.cache(kv_v, self.kv_dtype)  # f32 or f16, rows mapped by need
