@@ -174,8 +174,8 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
     kc, vc = cache_with(k, L + 9, kv=kv), cache_with(v, L + 9, kv=kv)  # rows >= L are NaN and must not be read
     dq, pos = dev(q), dev(np.array([L - 1]), np.int32)
     ref = attention64(q, k, v, L - 1, scale)[0]
-    forms = [(m, p) for m in (1, 32, 128) for p in sorted({1, dispatch.decode_attention(H, KVH)[2]})]
-    for min_chunk, parts in forms:  # parts: one block a kv head, and as many as the rule shares it among
+    forms = [(m, p) for m in (1, 32, 128) for p in sorted({1, dispatch.shared_parts(group)})]
+    for min_chunk, parts in forms:  # parts: one block a kv head, and as many as REFLEX_ATTN_PARTS=shared takes
         ctx = f"L={L} group={group} hd={hd}/{vd} splits={n_splits} min_chunk={min_chunk} parts={parts} {kv} seed {seed}"
         # folded: one launch, the last block of each row of blocks combines
         part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
@@ -244,11 +244,11 @@ def test_attn_combine(n_splits: int, vd: int, seed: int) -> None:
 
 
 def test_decode_launches_follow_the_dispatch_rule(monkeypatch) -> None:
-    """One folded launch, a kv head's q heads shared among blocks of at most 4; with one block a kv head
-    (REFLEX_ATTN_PARTS=1), 8 or more q heads take split partials and attn_combine."""
+    """One block a kv head: one folded launch below 8 q heads a kv head, split partials and attn_combine from 8;
+    REFLEX_ATTN_PARTS=shared: one folded launch, a kv head's q heads shared among blocks of at most 4."""
     kc, vc, pos = DeviceArray.empty((64, 2, 64)), DeviceArray.empty((64, 2, 64)), dev(np.array([9]), np.int32)
-    for parts_env, group, names, grid_x in (("", 2, ["attn_decode"], 2), ("", 8, ["attn_decode"], 4),
-                                            ("1", 8, ["attn_decode", "attn_combine"], 2)):  # fmt: skip
+    for parts_env, group, names, grid_x in (("", 2, ["attn_decode"], 2), ("shared", 8, ["attn_decode"], 4),
+                                            ("", 8, ["attn_decode", "attn_combine"], 2)):  # fmt: skip
         monkeypatch.setenv("REFLEX_ATTN_PARTS", parts_env)
         H = 2 * group
         q, out = DeviceArray.empty((H * 64,)), DeviceArray.empty((H * 64,))

@@ -42,10 +42,12 @@ def test_decode_splits_fill_one_wave_where_the_form_is_folded(monkeypatch) -> No
     assert dispatch.combine_splits() == dispatch.MAX_SPLITS
 
 
-def test_decode_attention_shares_a_kv_head_among_blocks_of_at_most_four_q_heads(monkeypatch) -> None:
+def test_decode_attention_keeps_a_kv_head_in_one_block_unless_shared(monkeypatch) -> None:
     monkeypatch.delenv("REFLEX_ATTN_PARTS", raising=False)
-    for G, parts in ((1, 1), (2, 1), (4, 1), (5, 5), (6, 2), (8, 2), (12, 3), (16, 4)):
-        assert dispatch.decode_attention(4 * G, 4) == (True, 128, parts), G  # every form folded
-    monkeypatch.setenv("REFLEX_ATTN_PARTS", "1")  # one block a kv head, for comparisons
     assert dispatch.decode_attention(32, 4) == (False, 1, 1)  # 8 q heads a block: split + combine
     assert dispatch.decode_attention(16, 4) == (True, 128, 1)
+    assert dispatch.decode_attention(28, 4) == (True, 128, 1)  # 7 a block: folded
+    monkeypatch.setenv("REFLEX_ATTN_PARTS", "shared")  # blocks of at most 4 q heads, every form folded
+    for G, parts in ((1, 1), (2, 1), (4, 1), (5, 5), (6, 2), (8, 2), (12, 3), (16, 4)):
+        assert dispatch.shared_parts(G) == parts, G
+        assert dispatch.decode_attention(4 * G, 4) == (True, 128, parts), G

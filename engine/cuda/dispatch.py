@@ -108,27 +108,32 @@ def passes(n: int) -> list[tuple[int, int]]:
     return [(at, min(SMALL_BATCH, n - at)) for at in range(0, n, SMALL_BATCH)]
 
 
-BLOCK_HEADS = 4  # q heads an attn_decode block scores at most, its kv head's shared among `parts` blocks
+BLOCK_HEADS = 4  # q heads an attn_decode block scores at most when a kv head is shared among blocks
+
+
+def shared_parts(G: int) -> int:
+    """The fewest whole blocks among which a kv head's G q heads split, at most BLOCK_HEADS a block."""
+    return next(p for p in range(1, G + 1) if G % p == 0 and G // p <= BLOCK_HEADS)
 
 
 def decode_attention(H: int, KVH: int) -> tuple[bool, int, int]:
     """(fold, min_chunk, parts) of attn_decode for H q heads over KVH kv heads. Folded, the last block of a row
     combines its splits (one launch) and a split takes 128 keys at least; else 32 splits of ceil(L / 32) keys and an
-    attn_combine launch. A kv head's G = H / KVH q heads are shared among `parts` blocks of at most BLOCK_HEADS
-    (each reads the kv head's keys once): the fewest whole parts.
+    attn_combine launch. One block a kv head (parts = 1): folded below 8 q heads a kv head, split + combine from 8.
     Measured on one H200 (2026-12-01, 65-key context): 2 q heads a kv head (Qwen3-0.6B) 8.7 us folded vs 9.8 split +
     combine; 8 a kv head (Qwen3-30B-A3B) in one block 15.9 folded (its 4 kv heads gave 4 blocks; 20.8 with 32 keys a
     split) vs 12.5 split + combine, and 5.9 + 3.6 since attn_decode skips empty key groups and attn_combine sums each
     element over the splits with independent loads (same GPU, later that day). Folded with one active split (L <= 128
     keys here) the block writes out directly: on an H200 (2026-12-02, 64-key context) the 0.6B shape's attn_decode
-    9.1 -> 7.2 us a launch, its decode step 1.0917 -> 1.0235 ms. REFLEX_ATTN_PARTS=1 keeps one block a kv head (and
-    so split + combine for 8 or more q heads a kv head), for comparisons.
+    9.1 -> 7.2 us a launch, its decode step 1.0917 -> 1.0235 ms.
+    REFLEX_ATTN_PARTS=shared splits a kv head's q heads among shared_parts(G) blocks, always folded: on an H200
+    (2026-12-04, 4-layer 30B-A3B profile, 65-key context, two rounds) its 8 q heads a kv head in 2 blocks of 4 took
+    8.2 us in one launch against 6.0-7.5 + 3.7-4.0 split + combine, yet the step was slower (0.3727 and 0.3731 ms
+    against 0.3667 and 0.3668): kept for comparisons, not the default.
     qk_rope_kv stays a launch of its own before it: folded into attn_decode (every block roping its q heads, the
     block of the new key writing its cache row) it was no faster on an H200 (2026-12-01, 64-key context, step of the
     Qwen3-0.6B shape 1.0950 vs 1.0961 ms, Qwen3.5-0.8B 1.1064 vs 1.0944, 30B-A3B 4 layers 0.4289 vs 0.4236): the
     prologue's latency sat on every block's critical path, where the separate launch overlaps its neighbours."""
     G = H // KVH
-    parts = next(p for p in range(1, G + 1) if G % p == 0 and G // p <= BLOCK_HEADS)
-    if os.environ.get("REFLEX_ATTN_PARTS") == "1":
-        parts = 1
+    parts = shared_parts(G) if os.environ.get("REFLEX_ATTN_PARTS") == "shared" else 1
     return (True, 128, parts) if G // parts < 8 else (False, 1, parts)
