@@ -12,25 +12,27 @@ using mv::ROWS;
 using mv::THREADS;
 using mv::matvec_block;
 
-// matvec3: one token through up to three matrices of one type and width that read the same x (and RMSNorm), in one
-// launch: blocks [0, B0) compute W0's rows, [B0, B0 + B1) W1's, the rest W2's, Bm = ceil(Rm / 8) (Rm = 0: none).
-// The choice is per block and uniform, and each block runs matvec_block unchanged: the results are bit for bit
-// those of three matvec launches.
-template <int T>
+// matvec3: one token through up to three matrices of one width that read the same x (and RMSNorm), in one launch:
+// blocks [0, B0) compute W0's rows, [B0, B0 + B1) W1's, the rest W2's, Bm = ceil(Rm / 8) (Rm = 0: none). W0 and W1
+// are of type TA, W2 of type TB (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k). The choice is per block and
+// uniform, and each block runs matvec_block unchanged: the results are bit for bit those of three matvec launches.
+template <int TA, int TB>
 __device__ __forceinline__ void matvec3_block(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0,
                                               long long rb1, long long rb2, int R0, int R1, int R2, int K,
                                               const float* x, const float* norm_w, float eps, float* y0, float* y1,
                                               float* y2) {
+    constexpr int BYTES = mv::STAGE_BYTES<TA, 1> > mv::STAGE_BYTES<TB, 1> ? mv::STAGE_BYTES<TA, 1> : mv::STAGE_BYTES<TB, 1>;
+    __shared__ __align__(16) uint8_t buf[BYTES];  // either type's staging
     const int b0 = (R0 + ROWS - 1) / ROWS, b1 = (R1 + ROWS - 1) / ROWS;
     int blk = blockIdx.x;
     if (blk < b0) {
-        matvec_block<T, 1, 1>(W0, W0, rb0, R0, K, x, 1, norm_w, eps, nullptr, y0, blk);
+        mv::matvec_block_in<TA, 1, 1>(W0, W0, rb0, R0, K, x, 1, norm_w, eps, nullptr, y0, buf, blk);
     } else if (blk < b0 + b1) {
         blk -= b0;
-        matvec_block<T, 1, 1>(W1, W1, rb1, R1, K, x, 1, norm_w, eps, nullptr, y1, blk);
+        mv::matvec_block_in<TA, 1, 1>(W1, W1, rb1, R1, K, x, 1, norm_w, eps, nullptr, y1, buf, blk);
     } else {
         blk -= b0 + b1;
-        matvec_block<T, 1, 1>(W2, W2, rb2, R2, K, x, 1, norm_w, eps, nullptr, y2, blk);
+        mv::matvec_block_in<TB, 1, 1>(W2, W2, rb2, R2, K, x, 1, norm_w, eps, nullptr, y2, buf, blk);
     }
 }
 
@@ -126,16 +128,19 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 #else
 #define MATVEC3_MIN_BLOCKS(T) 1
 #endif
-#define MATVEC3(tag, T)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(THREADS, MATVEC3_MIN_BLOCKS(T))                                    \
-        matvec3_##tag##_n1(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0, long long rb1,   \
-                           long long rb2, int R0, int R1, int R2, int K, const float* x, const float* norm_w,       \
-                           float eps, float* y0, float* y1, float* y2) {                                            \
+#define MATVEC3_KERNEL(name, TA, TB)                                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS, MATVEC3_MIN_BLOCKS(TA) < MATVEC3_MIN_BLOCKS(TB)          \
+                                                              ? MATVEC3_MIN_BLOCKS(TA)                             \
+                                                              : MATVEC3_MIN_BLOCKS(TB))                            \
+        name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0, long long rb1, long long rb2,   \
+             int R0, int R1, int R2, int K, const float* x, const float* norm_w, float eps, float* y0, float* y1,    \
+             float* y2) {                                                                                            \
         pdl::launch_dependents();                                                                                   \
         prefetch_rows3(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2);                                                      \
         pdl::wait();                                                                                                \
-        matvec3_block<T>(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2, K, x, norm_w, eps, y0, y1, y2);                      \
+        matvec3_block<TA, TB>(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2, K, x, norm_w, eps, y0, y1, y2);                 \
     }
+#define MATVEC3(tag, T) MATVEC3_KERNEL(matvec3_##tag##_n1, T, T)
 // The split-form 1-token matvec and swiglu kernels ask for 2 blocks an SM (at most 128 registers): under the plain
 // bound ptxas (nvcc 13.0) spilled 8 bytes of matvec_swiglu_q4_k_n1 on sm_86/89/120. matvec3 states a minimum of 1
 // block an SM but on sm_90 (above): with 2, matvec3_q6_k_n1 spilled on sm_100/120, and with no minimum on sm_120.
@@ -148,6 +153,13 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 
 Q_FOR_EACH_COMMON_TYPE(MATVEC_KERNELS)
 Q_FOR_EACH_LOWBIT_TYPE(MATVEC_KERNELS_1_8)
+
+// matvec3_{a}_{b}_n1: W0 and W1 of type a, W2 of type b, for the pairs k_matvec.MATVEC3_PAIRS lists (the K-quant
+// mixes llama.cpp's _M files give q/k and v): on an H200 the 30B-A3B shape's Q4_K q/k and Q6_K v took 8.5 + 5.1 us
+// as two launches (2026-12-04, 4-layer profile).
+MATVEC3_KERNEL(matvec3_q4_k_q6_k_n1, q::Q4_K, q::Q6_K)
+MATVEC3_KERNEL(matvec3_q5_k_q6_k_n1, q::Q5_K, q::Q6_K)
+MATVEC3_KERNEL(matvec3_q4_k_q5_k_n1, q::Q4_K, q::Q5_K)
 
 // matvec_stream (matvec_stream.cuh): one token through a tall matrix; the quantized common types. _{t}: K <= 2048
 // (8 groups of x a lane, ~100 registers); _{t}_k1024: K <= 1024 (4 groups, 63 registers: twice the warps an SM).

@@ -180,23 +180,30 @@ def test_matvec_swiglu(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed
         assert_untouched(got[n * rows :], context)
 
 
+MATVEC3_CASES = [(t, t) for t in TYPES if k_matvec.has_matvec3(t)] + sorted(k_matvec.MATVEC3_PAIRS)
+
+
 @pytest.mark.parametrize(
     "rows", [(13,), (1024, 67), (4096, 512, 512), (1, 9, 130)], ids=lambda r: "+".join(map(str, r))
 )
 @pytest.mark.parametrize("cols", [256, 2048])
-@pytest.mark.parametrize("ggml_type", [t for t in TYPES if k_matvec.has_matvec3(t)], ids=lambda t: t.name)
-def test_matvec3(ggml_type: GGMLType, cols: int, rows: tuple[int, ...], seed: int) -> None:
-    """One token through up to three matrices in one launch: against NumPy, and bit for bit equal to one matvec
-    launch per matrix; every output exactly its size (slack after each stays poisoned)."""
+@pytest.mark.parametrize("types", MATVEC3_CASES, ids=lambda t: "+".join(sorted({t[0].name, t[1].name})))
+def test_matvec3(types: tuple[GGMLType, GGMLType], cols: int, rows: tuple[int, ...], seed: int) -> None:
+    """One token through up to three matrices in one launch (one type, or two of a and one of b): against NumPy,
+    and bit for bit equal to one matvec launch per matrix; every output exactly its size (slack after each stays
+    poisoned)."""
+    a, b = types
+    if a != b and len(rows) < 3:
+        pytest.skip("a pair of types takes three matrices")
     rng = np.random.default_rng(seed)
-    ws = [Weight(rng, ggml_type, r, cols) for r in rows]
+    ws = [Weight(rng, a if m < 2 else b, r, cols) for m, r in enumerate(rows)]
     x, norm_w = inputs(rng, 1, cols)
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
     xn = rmsnorm(x.astype(np.float64), norm_w, 1e-6)
     ys = [poisoned((r + 5,)) for r in rows]
     run(k_matvec.matvec3([w.dev for w in ws], d_x, ys, norm_w=d_norm, eps=1e-6))
     for m, (w, y) in enumerate(zip(ws, ys, strict=True)):
-        context = f"{ggml_type.name} rows={rows} K={cols} matrix {m} seed={seed}"
+        context = f"{w.dev.tag} rows={rows} K={cols} matrix {m} seed={seed}"
         got = y.to_host()
         tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
         assert_close(got[None, : w.dev.rows], xn @ w.dense.T, tol, context)
@@ -208,10 +215,13 @@ def test_matvec3(ggml_type: GGMLType, cols: int, rows: tuple[int, ...], seed: in
 
 def test_matvec3_rejects_mixed_matrices() -> None:
     w = DeviceWeight(0x1000, GGMLType.Q4_K, 16, 256, 144, "w")
+    v6 = DeviceWeight(0x1000, GGMLType.Q6_K, 16, 256, 210, "v")
     x, y = DeviceArray(0x2000, (1, 256), "f4", False), DeviceArray(0x3000, (1, 16), "f4", False)
-    with pytest.raises(CudaError, match="type or width"):
-        k_matvec.matvec3([w, DeviceWeight(0x1000, GGMLType.Q6_K, 16, 256, 210, "v")], x, [y, y])
-    with pytest.raises(CudaError, match="type or width"):
+    with pytest.raises(CudaError, match="one width"):
+        k_matvec.matvec3([w, v6], x, [y, y])  # a pair of types takes three matrices
+    with pytest.raises(CudaError, match="one width"):
+        k_matvec.matvec3([w, v6, w], x, [y, y, y])  # b last
+    with pytest.raises(CudaError, match="one width"):
         k_matvec.matvec3([w, DeviceWeight(0x1000, GGMLType.Q4_K, 16, 512, 288, "v")], x, [y, y])
     with pytest.raises(CudaError, match="1 to 3 matrices"):
         k_matvec.matvec3([w] * 4, x, [y] * 4)

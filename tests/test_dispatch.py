@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from engine.cuda import dispatch, k_tc_matvec
+from engine.cuda import dispatch, k_matvec, k_tc_matvec
+from engine.quants import GGMLType
 
 
 def test_the_rule_sends_batches_past_one_pass_to_tc() -> None:
@@ -51,3 +52,16 @@ def test_decode_attention_keeps_a_kv_head_in_one_block_unless_shared(monkeypatch
     for G, parts in ((1, 1), (2, 1), (4, 1), (5, 5), (6, 2), (8, 2), (12, 3), (16, 4)):
         assert dispatch.shared_parts(G) == parts, G
         assert dispatch.decode_attention(4 * G, 4) == (True, 128, parts), G
+
+
+def test_matvec3_takes_one_type_or_a_listed_pair_with_the_odd_one_last() -> None:
+    Q4, Q6, Q8 = GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0
+    assert k_matvec.matvec3_order([Q8, Q8, Q8]) == [0, 1, 2]
+    assert k_matvec.matvec3_order([Q4]) == [0]
+    assert k_matvec.matvec3_order([Q4, Q4, Q6]) == [0, 1, 2]
+    assert k_matvec.matvec3_order([Q6, Q4, Q4]) == [1, 2, 0]  # the Q6_K matrix goes last
+    assert k_matvec.matvec3_order([Q4, Q6, Q6]) is None  # (Q6_K, Q4_K) is not a pair
+    assert k_matvec.matvec3_order([Q4, Q6]) is None  # a pair takes three matrices
+    assert k_matvec.matvec3_order([Q4, Q4, Q8]) is None
+    assert k_matvec.matvec3_order([GGMLType.IQ4_XS]) is None  # no matvec3 for the low-bit types
+    assert k_matvec.matvec3_order([Q4] * 4) is None

@@ -26,9 +26,29 @@ STREAM_TYPES = frozenset(
 STREAM_THREADS, STREAM_ROWS_PER_BLOCK = 128, 64
 
 
+# matvec3_{a}_{b}_n1 (kernels/matvec.cu): the first two matrices of type a, the third of type b
+MATVEC3_PAIRS = frozenset(
+    {(GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.Q5_K, GGMLType.Q6_K), (GGMLType.Q4_K, GGMLType.Q5_K)}
+)
+
+
 def has_matvec3(ggml_type: int) -> bool:
     """Whether kernels/matvec.cu builds matvec3 for this type (the common types, not quants.LOWBIT_TYPES)."""
     return ggml_type in KERNEL_TAGS and ggml_type not in LOWBIT_TYPES
+
+
+def matvec3_order(types: list[int]) -> list[int] | None:
+    """The order in which matrices of these types (one token, one width) go through one matvec3 launch: all of one
+    type in any order, or two of a and one of b for (a, b) in MATVEC3_PAIRS with b last; None when no launch takes
+    them."""
+    if not 1 <= len(types) <= 3 or not all(has_matvec3(t) for t in types):
+        return None
+    if len(set(types)) == 1:
+        return list(range(len(types)))
+    for a, b in MATVEC3_PAIRS:
+        if len(types) == 3 and types.count(a) == 2 and types.count(b) == 1:
+            return sorted(range(3), key=lambda i: types[i] == b)
+    return None
 
 
 def _bucket(n: int, ggml_type: int) -> int:
@@ -79,7 +99,7 @@ def matvec(
 
 
 def matvec3(
-    ws: list[DeviceWeight],  # 1 to 3 matrices (R_m, K) of one type and width
+    ws: list[DeviceWeight],  # 1 to 3 matrices (R_m, K) of one width, in an order matvec3_order keeps
     x: DeviceArray,  # (1, K) f4: one token
     ys: list[DeviceArray],  # (1, R_m) f4 each; ys[m] = ws[m] . rmsnorm(x)
     *,
@@ -90,10 +110,11 @@ def matvec3(
     one `matvec` launch each, bit for bit."""
     if not 1 <= len(ws) <= 3 or len(ys) != len(ws):
         raise CudaError(f"matvec3 takes 1 to 3 matrices and as many outputs, got {len(ws)} and {len(ys)}")
-    w0 = ws[0]
-    if any((w.ggml_type, w.cols) != (w0.ggml_type, w0.cols) for w in ws):
-        raise CudaError("matvec3 matrices differ in type or width: " + ", ".join(f"{w.name} {w.tag} x{w.cols}"
-                                                                                 for w in ws))  # fmt: skip
+    w0, types = ws[0], [w.ggml_type for w in ws]
+    if any(w.cols != w0.cols for w in ws) or matvec3_order(types) != list(range(len(ws))):
+        got = ", ".join(f"{w.name} {w.tag} x{w.cols}" for w in ws)
+        raise CudaError(f"matvec3 takes matrices of one width, of one type or two of a and one of b (b last) for "
+                        f"(a, b) in MATVEC3_PAIRS, got {got}")  # fmt: skip
     need(x, "x", "f4", w0.cols, aligned=True)
     if norm_w is not None:
         need(norm_w, "norm_w", "f4", w0.cols, aligned=True)
@@ -105,7 +126,8 @@ def matvec3(
     row_bytes = [w.row_bytes for w in ws] + [w0.row_bytes] * pad
     rows = [w.rows for w in ws] + [0] * pad
     outs = [*ys] + [ys[0]] * pad
-    fn = driver.module("matvec").fn(f"matvec3_{w0.tag}_n1")
+    tags = w0.tag if len(set(types)) == 1 else f"{w0.tag}_{ws[2].tag}"
+    fn = driver.module("matvec").fn(f"matvec3_{tags}_n1")
     args = [*(ptr(p) for p in ptrs), *(i64(b) for b in row_bytes), *(i32(r) for r in rows), i32(w0.cols), ptr(x),
             ptr(norm_w), f32(eps), *(ptr(y) for y in outs)]  # fmt: skip
     return Launch(fn, (sum(_blocks(r, ROWS_PER_BLOCK) for r in rows),), (THREADS,), args)

@@ -23,7 +23,7 @@ from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import small_batch, vmm
-from engine.cuda.dispatch import SMALL_BATCH, decode_splits, use_matvec
+from engine.cuda.dispatch import SMALL_BATCH, decode_splits, mixed_matvec3, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -148,20 +148,28 @@ class CudaModel:
 
     def _matmuls(self, pairs: list[tuple[DeviceWeight, DeviceArray]], x: DeviceArray, n: int,
                  norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
-        """dst[:n] = w · x[:n] for each (w, dst) (x RMS-normed first when norm_w). One token through matrices of one
-        type goes in one matvec3 launch (three at most); more tokens, other types and LoRA-adapted weights take a
-        _matmul each."""
-        fused: dict[tuple[int, int], list[tuple[DeviceWeight, DeviceArray]]] = {}
+        """dst[:n] = w · x[:n] for each (w, dst) (x RMS-normed first when norm_w). One token through up to three
+        matrices of one width goes in one matvec3 launch where their types allow (k_matvec.matvec3_order: one type,
+        or a Q4_K_M file's Q4_K q/k and Q6_K v), else per type, three at most a launch; more tokens and LoRA-adapted
+        weights take a _matmul each."""
+        fusable: list[tuple[DeviceWeight, DeviceArray]] = []
         out: list[Launch] = []
         for w, dst in pairs:
             if n == 1 and km.has_matvec3(w.ggml_type) and not self.lora.of(w.name):
-                fused.setdefault((w.ggml_type, w.cols), []).append((w, dst))
+                fusable.append((w, dst))
             else:
                 out += self._matmul(w, x, n, dst, norm_w=norm_w)
-        for group in fused.values():
-            for at in range(0, len(group), 3):
-                ws, ys = zip(*group[at : at + 3], strict=True)
-                out.append(km.matvec3(list(ws), x, list(ys), norm_w=norm_w, eps=self.cfg.norm_eps))
+        order = km.matvec3_order([w.ggml_type for w, _ in fusable]) if mixed_matvec3() else None
+        if order is not None and len({w.cols for w, _ in fusable}) == 1:
+            groups = [[fusable[i] for i in order]]
+        else:
+            by_type: dict[tuple[int, int], list[tuple[DeviceWeight, DeviceArray]]] = {}
+            for w, dst in fusable:
+                by_type.setdefault((w.ggml_type, w.cols), []).append((w, dst))
+            groups = [g[at : at + 3] for g in by_type.values() for at in range(0, len(g), 3)]
+        for group in groups:
+            ws, ys = zip(*group, strict=True)
+            out.append(km.matvec3(list(ws), x, list(ys), norm_w=norm_w, eps=self.cfg.norm_eps))
         return out
 
     def _qkv(self, L: dict, n: int) -> list[Launch]:
