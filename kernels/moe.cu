@@ -48,10 +48,9 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
     extern "C" __global__ void GATE_UP_BOUNDS(T)                                                                      \
         moe_gate_up_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R,   \
                           int K, const float* x, const int* ids, int k, float* y, int n_items, const uint8_t* Sg,     \
-                          const uint8_t* Su, int parts, float* hs, const uint8_t* Wd, long long down_bytes) {         \
+                          const uint8_t* Su, int parts, float* hs) {                                                  \
         pdl::begin();                                                                                                 \
-        moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y, n_items, Sg, Su, parts, hs, Wd,          \
-                        down_bytes);                                                                                  \
+        moe::gate_up<T>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, y, n_items, Sg, Su, parts, hs);             \
     }                                                                                                                 \
     /* x[t, r] += sum_j w[t, j] * (W_{ids[t, j]}[r] . h[t * k + j]) (+ g_t * shared[t, r]) */                         \
     extern "C" __global__ void DOWN_BOUNDS                                                                            \
@@ -95,11 +94,10 @@ Q_FOR_EACH_LOWBIT_TYPE(MOE_LOWBIT_KERNELS)
     extern "C" __global__ void __launch_bounds__(moe::MV_THREADS, T == q::Q6_K ? 1 : MOE_I16_BLOCKS)                  \
         moe_gate_up16_##tag(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, long long expert_bytes, int R, \
                             int K, const float* x, const int* ids, int k, int16_t* yq, q16::Meta* ym, int n_items,    \
-                            const uint8_t* Sg, const uint8_t* Su, int parts, float* hs, const uint8_t* Wd,            \
-                            long long down_bytes) {                                                                   \
+                            const uint8_t* Sg, const uint8_t* Su, int parts, float* hs) {                             \
         pdl::begin();                                                                                                 \
         moe::gate_up<T, true>(Wg, Wu, row_bytes, expert_bytes, R, K, x, ids, k, nullptr, n_items, Sg, Su, parts, hs,  \
-                              Wd, down_bytes, yq, ym);                                                                \
+                              yq, ym);                                                                                \
     }                                                                                                                 \
     extern "C" __global__ void MOE_DOWN_BOUNDS                                                                        \
         moe_down16_##tag(const uint8_t* W, long long row_bytes, long long expert_bytes, int R, int K,                 \

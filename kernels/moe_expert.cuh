@@ -21,8 +21,10 @@
 //   SM with too few loads in flight (R / 8 blocks of 8 warps: 256 blocks for R = 2048 on 132 SMs). Its lanes stride
 //   over groups (a warp reads one K-quant super-block, or 8 blocks of 32, a step), the loop unrolled by 2. Staging its
 //   rows through shared memory, in passes a warp, measured slower on the H200 (12.2 -> 14.0 us, 30B-A3B shape).
-// gate_up with Wd (the down stack, down_bytes an expert): each routed item's blocks first ask for an equal share of
-//   its expert's down matrix in L2 (one bulk prefetch a block), so the down launch behind finds its rows there.
+//   Each routed item's gate_up blocks asking for an equal share of its expert's down matrix in L2 (one
+//   cp.async.bulk.prefetch.L2 a block) measured slower on an H200 (2026-12-04): 4-layer steps 0.3529 -> 0.3551 ms
+//   (30B-A3B shape) and 0.4230 -> 0.4278 (DeepSeek-V2-Lite), full 30B-A3B decode 354 -> 350 tok/s; gate_up took
+//   the extra traffic (11.8 -> 12.2 us) and down did not get faster. Not kept.
 // The 16-bit forms (gate_up<T, true>, down<T, true>; quant_i16.cuh's types): gate_up rounds x to 16 bits a group of 8
 // and dots in integers; its SwiGLU outputs, 8 rows of a block being one group, go out rounded the same way (int16
 // values and a Meta a group), which down reads in place of the float h.
@@ -40,17 +42,6 @@
 
 namespace moe {
 
-// Block b of nb asks for its 16-byte-aligned share of [W, W + bytes) in L2 (W and bytes multiples of 16): one bulk
-// request (sm_90's copy engine), whatever its size; nothing below sm_90.
-__device__ __forceinline__ void prefetch_share(const uint8_t* W, long long bytes, int b, int nb) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const long long share = (bytes / 16 + nb - 1) / nb * 16, at = b * share;
-    if (threadIdx.x == 0 && at < bytes)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(W + at), "r"(unsigned(min(share, bytes - at)))
-                     : "memory");
-#endif
-}
-
 constexpr int MV_THREADS = mv::THREADS;  // gate_up runs matvec_block
 constexpr int DOWN_WPR = 4, DOWN_ROWS = MV_THREADS / 32 / DOWN_WPR;  // down: 4 warps a row, 2 rows a block
 
@@ -60,8 +51,7 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
                                         const float* __restrict__ x, const int* __restrict__ ids, int k,
                                         float* __restrict__ y, int n_items, const uint8_t* __restrict__ Sg,
                                         const uint8_t* __restrict__ Su, int parts, float* __restrict__ hs,
-                                        const uint8_t* Wd, long long down_bytes, int16_t* __restrict__ yq = nullptr,
-                                        q16::Meta* __restrict__ ym = nullptr) {
+                                        int16_t* __restrict__ yq = nullptr, q16::Meta* __restrict__ ym = nullptr) {
     const int p = blockIdx.y;
     __shared__ __align__(16) uint8_t buf[mv::STAGE_BYTES<T, 2>];  // either branch's staging
     // Item p's rows as byte offsets from Wg and Wu (the shared expert's too, so that one call site decodes every
@@ -79,9 +69,7 @@ __device__ __forceinline__ void gate_up(const uint8_t* __restrict__ Wg, const ui
         ou = (long long)(reinterpret_cast<uintptr_t>(Su) - reinterpret_cast<uintptr_t>(Wu)) + part;
         yp = hs + (long long)q * R;
     } else {
-        const int e = ids[p];
-        if (Wd) prefetch_share(Wd + e * down_bytes, down_bytes, blockIdx.x, gridDim.x);
-        og = ou = e * expert_bytes;
+        og = ou = ids[p] * expert_bytes;
         t = p / k;
         yp = y + (long long)p * R;
         if (I16) qp = yq + (long long)p * R, mp = ym + (long long)p * (R >> 3);

@@ -74,14 +74,9 @@ def use_stream(rows: int, cols: int, n: int) -> bool:
 
 def mixed_matvec3() -> bool:
     """Whether one token's q/k/v of two types (a Q4_K_M file's Q4_K q/k beside a Q6_K v: k_matvec.MATVEC3_PAIRS) go
-    through one matvec3 launch rather than one a type (REFLEX_MATVEC3_MIXED=0, for comparisons)."""
+    through one matvec3 launch rather than one a type (REFLEX_MATVEC3_MIXED=0, for comparisons). One H200
+    (2026-12-04, engine bench): Qwen3-30B-A3B shape decode 337.8 -> 354.3 tok/s, profiles in kernels/matvec.cu."""
     return os.environ.get("REFLEX_MATVEC3_MIXED", "1") != "0"
-
-
-def prefetch_down(expert_bytes: int) -> bool:
-    """Whether the decode gate_up launch asks for the chosen experts' down matrices in L2 (a bulk prefetch a block,
-    sm_90 and later; experts 16-byte multiples apart). REFLEX_MOE_PREFETCH=0: never, for comparisons."""
-    return expert_bytes % 16 == 0 and os.environ.get("REFLEX_MOE_PREFETCH", "1") != "0"
 
 
 def use_matvec(n: int) -> bool:

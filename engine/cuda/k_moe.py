@@ -231,10 +231,7 @@ def gate_up(
     *,
     shared: tuple[DeviceWeight, DeviceWeight] | None = None,  # ffn_gate_shexp, ffn_up_shexp (S, dim), S % F == 0
     hs: DeviceArray | None = None,  # (n, S) f4 out, with shared: silu(gate_shexp . x) * (up_shexp . x)
-    prefetch: DeviceWeight | None = None,  # expert 0 of ffn_down_exps: the chosen experts' rows asked for in L2
 ) -> Launch:
-    """y = the chosen experts' SwiGLU (or gate rows) of x, item p through expert ids[p]; with `prefetch`, each item's
-    blocks also ask for its expert's down matrix in L2 (dispatch.prefetch_down says when)."""
     _items(n_items, "moe gate_up")
     if wu is not None and _layout(wg) != _layout(wu):
         raise CudaError(f"moe gate_up weights differ: {wg.name} {wg.tag} {wg.rows}x{wg.cols}, {wu.name} {wu.tag}")
@@ -261,13 +258,10 @@ def gate_up(
         parts, n = sg.rows // wg.rows, n_items // k
         need(hs, "hs", "f4", n * sg.rows)
         extra = n * parts
-    down_bytes = 0 if prefetch is None else _stack(prefetch)
-    if down_bytes % 16:
-        raise CudaError(f"moe gate_up: {prefetch.name} experts are {down_bytes} bytes apart, not a multiple of 16")
     fn = driver.module("moe").fn(name)
     args = [ptr(wg.ptr), ptr(None if wu is None else wu.ptr), i64(wg.row_bytes), i64(stride), i32(wg.rows),
-            i32(wg.cols), ptr(x), ptr(ids), i32(k), *out, i32(n_items), ptr(sg), ptr(su), i32(parts), ptr(hs),
-            ptr(None if prefetch is None else prefetch.ptr), i64(down_bytes)]  # fmt: skip
+            i32(wg.cols), ptr(x), ptr(ids), i32(k), *out, i32(n_items), ptr(sg), ptr(su), i32(parts),
+            ptr(hs)]  # fmt: skip
     _items(n_items + extra, "moe gate_up with the shared expert")
     return Launch(fn, ((wg.rows + MV_ROWS - 1) // MV_ROWS, n_items + extra), (MV_THREADS,), args)
 

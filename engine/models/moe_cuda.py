@@ -35,7 +35,7 @@ from engine.cuda import k_elementwise as kel
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_lora, k_moe, memory, small_batch
 from engine.cuda import k_norm_rope as knr
-from engine.cuda.dispatch import SMALL_BATCH, prefetch_down, use_matvec
+from engine.cuda.dispatch import SMALL_BATCH, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA, DeviceLora, Pair
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -219,17 +219,16 @@ class MoEFFN:
         gate, up, down = self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
         # the experts' SwiGLU rows: 16-bit groups where both kernels have the form and no update of down reads h
         h = s.h16 if self.i16 and not self.split_experts and not self.lora.of(down.name) else s.h
-        pf = down if prefetch_down(down.rows * down.row_bytes) else None  # down's rows into L2 during gate_up
         if self.split_experts:
             out = self._shared(n)
             out += [k_moe.gate_up(gate, None, s.xn, s.ids, k, items, s.h), *self._small_lora_in(gate, items, s.h),
                     k_moe.gate_up(up, None, s.xn, s.ids, k, items, s.h2), *self._small_lora_in(up, items, s.h2),
                     kel.swiglu(s.h, s.h2, s.h, items * gate.rows)]  # fmt: skip
         elif self._fused_shared():  # the shared expert's SwiGLU in the same launch, then its down projection
-            out = [k_moe.gate_up(gate, up, s.xn, s.ids, k, items, h, shared=self.shexp[:2], hs=s.hs, prefetch=pf)]
+            out = [k_moe.gate_up(gate, up, s.xn, s.ids, k, items, h, shared=self.shexp[:2], hs=s.hs)]
             out += _matmul(self.shexp[2], s.hs, n, s.ys, self.lora)
         else:
-            out = [*self._shared(n), k_moe.gate_up(gate, up, s.xn, s.ids, k, items, h, prefetch=pf)]
+            out = [*self._shared(n), k_moe.gate_up(gate, up, s.xn, s.ids, k, items, h)]
         out.append(k_moe.down(down, h, s.ids, s.wts, k, n, x, **self._shared_args()))
         for pair in self.lora.of(down.name):  # x[t] += sum_j w_j B'_e (A_e h_j): item p's A_e . h[p] (k = 1), summed
             t = s.lora_t(pair)
