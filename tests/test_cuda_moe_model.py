@@ -15,6 +15,7 @@ import pytest
 from engine import models
 from engine.config import ModelConfig
 from engine.cpu.runner import CpuRunner
+from engine.cuda import dispatch
 from engine.engine import Engine
 from engine.gguf import read
 from engine.quants import GGMLType
@@ -71,11 +72,14 @@ def test_fixture_conformance(pair):
 def test_cuda_matches_cpu_backend(pair):
     """Every row and decode step against the NumPy backend. The batched path runs quantized experts through TF32
     tensor cores, whose error can flip a near-tied expert choice, so there only the F32 file is held to 1e-4 (the
-    fixture test holds the quantized one to DESIGN.md §7); small batches and decode are float32 math for both."""
+    fixture test holds the quantized one to DESIGN.md §7); small batches and decode are float32 math for both. With
+    2 experts a token, batches up to 64 tokens take the decode expert kernels (dispatch.moe_matvec_tokens): 40 of
+    them do, 100 take the grouped GEMM."""
     name, cuda, cpu = pair
     ids = cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n")
     ids = (ids * 4)[:100]
-    for prefill in (len(ids), 7, 1) if not C.is_quantized(name) else (7, 1):
+    assert dispatch.moe_matvec_tokens(2) == 64
+    for prefill in (len(ids), 40, 7, 1) if not C.is_quantized(name) else (40, 7, 1):
         a, b = cuda.logits(ids, prefill=prefill), cpu.logits(ids, prefill=prefill)
         err = float(np.abs(a - b).max())
         assert err <= 1e-4 * max(1.0, float(np.abs(b).max())), (name, prefill, err)

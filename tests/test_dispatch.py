@@ -65,3 +65,13 @@ def test_matvec3_takes_one_type_or_a_listed_pair_with_the_odd_one_last() -> None
     assert k_matvec.matvec3_order([Q4, Q4, Q8]) is None
     assert k_matvec.matvec3_order([GGMLType.IQ4_XS]) is None  # no matvec3 for the low-bit types
     assert k_matvec.matvec3_order([Q4] * 4) is None
+
+
+def test_moe_batches_take_the_expert_kernels_up_to_128_routed_items(monkeypatch) -> None:
+    monkeypatch.delenv("REFLEX_MOE_MATVEC_ITEMS", raising=False)
+    assert dispatch.moe_matvec_tokens(8) == 16  # Qwen3-30B-A3B: system1's 13-token prompts
+    assert dispatch.moe_matvec_tokens(6) == 21  # DeepSeek-V2-Lite
+    assert dispatch.moe_matvec_tokens(2) == 64
+    assert dispatch.moe_matvec_tokens(32) == dispatch.SMALL_BATCH  # never fewer than a decode batch
+    monkeypatch.setenv("REFLEX_MOE_MATVEC_ITEMS", "0")  # the grouped GEMM past SMALL_BATCH, for comparisons
+    assert dispatch.moe_matvec_tokens(8) == dispatch.SMALL_BATCH

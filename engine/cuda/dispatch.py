@@ -72,6 +72,19 @@ def use_stream(rows: int, cols: int, n: int) -> bool:
     return n == 1 and rows >= STREAM_MIN_ROWS and cols <= STREAM_MAX_K
 
 
+# The MoE FFN of n tokens, k experts a token: up to MOE_MATVEC_ITEMS routed items (n x k) go through the decode expert
+# kernels (engine/models/moe_cuda.py, _small: a block a row block of one item's expert, an expert's rows read once
+# per item that chose it, from L2 after the first), past it through the grouped GEMM over the rows sorted by expert,
+# whose 64-row tiles hold one or two rows each at a few tokens and walk K in a long chain.
+MOE_MATVEC_ITEMS = 128
+
+
+def moe_matvec_tokens(k: int) -> int:
+    """The most tokens whose MoE FFN (k experts a token) takes the decode expert kernels: SMALL_BATCH at least, as
+    many as keep n x k within MOE_MATVEC_ITEMS (REFLEX_MOE_MATVEC_ITEMS sets the bound, for comparisons)."""
+    return max(SMALL_BATCH, env_int("REFLEX_MOE_MATVEC_ITEMS", MOE_MATVEC_ITEMS) // max(k, 1))
+
+
 def mixed_matvec3() -> bool:
     """Whether one token's q/k/v of two types (a Q4_K_M file's Q4_K q/k beside a Q6_K v: k_matvec.MATVEC3_PAIRS) go
     through one matvec3 launch rather than one a type (REFLEX_MATVEC3_MIXED=0, for comparisons). One H200

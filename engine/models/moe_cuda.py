@@ -6,22 +6,23 @@ Per MoE layer, for n tokens:
   moe_route: gating, exp_probs_b, groups, top-k, weights (and the shared expert's sigmoid gate) on the device
   (one token with an F32 router and no LoRA update of it: moe_route_decode, the three in one launch);
   shared expert (when the model has one): the dense matvec / GEMM launches;
-  n <= 8 : moe_gate_up (every chosen expert of every token, one launch; the shared expert's SwiGLU too where its type
+  n <= s : moe_gate_up (every chosen expert of every token, one launch; the shared expert's SwiGLU too where its type
            and width allow), moe_down (weighted sum + shared + residual); for the types of k_moe.I16_TYPES their
            16-bit forms (activations rounded to 16 bits a group of 8, integer dots, h handed over as 16-bit groups;
            REFLEX_MOE_I16=0 keeps the float forms);
-  n >  8 : moe_group (rows sorted by expert), moe_gather, grouped GEMMs gate/up and down, moe_combine.
+  n >  s : moe_group (rows sorted by expert), moe_gather, grouped GEMMs gate/up and down, moe_combine;
+  s = dispatch.moe_matvec_tokens(k): 8 tokens, or as many as make 128 routed items.
 Expert ids never leave the device, so a decode step stays one CUDA graph. Weights stay in their GGUF stacks.
 
 LoRA (engine/cuda/lora.py): the router's and the shared expert's updates are the dense family's two launches beside
 the matmul. An expert stack's update is a stack of F32 pairs A_e (rank_pad, in), B'_e (out, rank_pad) run by the same
 MoE kernels over the same expert ids, one row per routed item:
   gate / up (the fused SwiGLU split: gate and up as plain products, the deltas added, then swiglu_f32):
-    n <= 8 : t = moe_gate_up(A) ; h += moe_down(B', t) with k = 1 and unit weights (each item its own "token")
-    n >  8 : t = moe_gemm(A) ; d = moe_gemm(B', t) ; h += d (lora_add_f32), over the tile list
+    n <= s : t = moe_gate_up(A) ; h += moe_down(B', t) with k = 1 and unit weights (each item its own "token")
+    n >  s : t = moe_gemm(A) ; d = moe_gemm(B', t) ; h += d (lora_add_f32), over the tile list
   down: x += sum_j w_j B'_e (A_e h_j), a second weighted sum over the low-rank part:
-    n <= 8 : t = moe_gate_up(A, k = 1) ; moe_down(B', t)
-    n >  8 : t = moe_gemm(A) ; xp = moe_gemm(B', t) ; moe_combine
+    n <= s : t = moe_gate_up(A, k = 1) ; moe_down(B', t)
+    n >  s : t = moe_gemm(A) ; xp = moe_gemm(B', t) ; moe_combine
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from engine.cuda import k_elementwise as kel
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_lora, k_moe, memory, small_batch
 from engine.cuda import k_norm_rope as knr
-from engine.cuda.dispatch import SMALL_BATCH, use_matvec
+from engine.cuda.dispatch import moe_matvec_tokens, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA, DeviceLora, Pair
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -73,14 +74,16 @@ class _Scratch:
         self.wts = DeviceArray.empty((b, k))  # their weights (b, k) f32
         self.sgate = DeviceArray.empty((b,))  # the shared expert's sigmoid gate (b,) f32
         self.counter = k_moe.route_counter()  # route_decode's ticket (1,) i32, zero between launches
-        self.h = DeviceArray.empty((items, f))  # SwiGLU per item, token-major (n <= 8) or by expert (b*k, F) f32
+        self.h = DeviceArray.empty((items, f))  # SwiGLU per item, token-major (n <= s) or by expert (b*k, F) f32
         self.h2: DeviceArray | None = None  # up projections when gate/up types differ (b*k, F) f32
-        self.h16 = k_moe.Groups16.empty(min(b, SMALL_BATCH) * k, f) if f % 8 == 0 else None  # h, 16-bit (<= 8 tokens)
+        small = min(b, moe_matvec_tokens(k))  # tokens the decode expert kernels take
+        self.h16 = k_moe.Groups16.empty(small * k, f) if f % 8 == 0 else None  # h, 16-bit (n <= small)
         s = m.shared_hidden_dim
         self.hs = DeviceArray.empty((b, s)) if s else None  # shared expert SwiGLU (b, S) f32
         self.hs2: DeviceArray | None = None  # its up projection when types differ (b, S) f32
         self.ys = DeviceArray.empty((b, cfg.dim)) if s else None  # shared expert output (b, dim) f32
-        if b > SMALL_BATCH:  # the grouped path
+        self.grouped = b > small  # the grouped path (more tokens than the decode expert kernels take)
+        if self.grouped:
             self.xp = DeviceArray.empty((items, cfg.dim))  # xn rows by expert, then the experts' outputs (b*k, dim)
             self.offsets = DeviceArray.empty((m.n_experts + 1,), "i4")  # rows of expert e: [off[e], off[e+1]) i32
             self.perm_tok = DeviceArray.empty((items,), "i4")  # token of permuted row p (b*k,) i32
@@ -117,7 +120,7 @@ class _Scratch:
             self.ones = DeviceArray.empty((items,))  # (b*k,) f32, all 1.0
             host = array.array("f", [1.0]) * items
             memory.memcpy(self.ones.ptr, host.buffer_info()[0], 4 * items, memory.H2D)
-        if gate_up and self.ld is None and self.xn.shape[0] > SMALL_BATCH:
+        if gate_up and self.ld is None and self.grouped:
             self.ld = DeviceArray.empty(self.h.shape)  # (b*k, F) f32
 
     def lora_t(self, pair: Pair) -> DeviceArray:
@@ -146,7 +149,7 @@ class MoEFFN:
         self.lora = NO_LORA  # use_lora replaces it before the first launch list is built
         self.i16 = os.environ.get("REFLEX_MOE_I16", "1") != "0" and k_moe.takes_i16(
             self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
-        )  # n <= 8: the 16-bit expert forms (takes_i16 implies F % 8 == 0, so s.h16 exists)
+        )  # n <= s: the 16-bit expert forms (takes_i16 implies F % 8 == 0, so s.h16 exists)
 
     def use_lora(self, lora: DeviceLora) -> None:
         """Apply the model's LoRA updates of this layer's router, experts and shared expert (engine/cuda/lora.attach,
@@ -185,12 +188,12 @@ class MoEFFN:
             out += _matmul(router, s.xn, n, s.logits, self.lora)
             out.append(k_moe.route(s.logits, n, m.n_experts, m.n_experts_used, s.ids, s.wts, xn=s.xn,
                                    gate_shexp=gate, sgate=s.sgate, **rule))  # fmt: skip
-        if n <= SMALL_BATCH:
+        if n <= moe_matvec_tokens(m.n_experts_used):
             return out + self._small(x, n)
         return out + self._shared(n) + self._grouped(x, n)
 
     def _fused_shared(self) -> bool:
-        """Whether the shared expert's SwiGLU rides in the experts' gate_up launch (n <= 8; k_moe.fuses_shared)."""
+        """Whether the shared expert's SwiGLU rides in the experts' gate_up launch (n <= s; k_moe.fuses_shared)."""
         return (self.shexp is not None and not self.split_experts and not self.split_shared
                 and k_moe.fuses_shared(self.ffn_gate_exps, self.ffn_up_exps, *self.shexp[:2]))  # fmt: skip
 
@@ -236,7 +239,7 @@ class MoEFFN:
         return out
 
     def _small_lora_in(self, w: DeviceWeight, items: int, y: DeviceArray) -> list[Launch]:
-        """y[p] += B'_e (A_e xn[p / k]), e = ids[p], for each update of the gate or up stack w (n <= 8). moe_down with
+        """y[p] += B'_e (A_e xn[p / k]), e = ids[p], for each update of the gate or up stack w (n <= s). moe_down with
         k = 1 and unit weights takes each item for a token of its own, so it adds B'_e . t[p] to row p."""
         s, k, out = self.s, self.moe.n_experts_used, []
         for pair in self.lora.of(w.name):
@@ -269,7 +272,7 @@ class MoEFFN:
         return out
 
     def _grouped_lora_in(self, w: DeviceWeight, items: int, y: DeviceArray) -> list[Launch]:
-        """y[p] += B'_e (A_e xp[p]) over the tile list, for each update of the gate or up stack w (n > 8): the GEMM
+        """y[p] += B'_e (A_e xp[p]) over the tile list, for each update of the gate or up stack w (n > s): the GEMM
         writes its product, so the delta goes through ld and lora_add_f32."""
         s, e, out = self.s, self.moe.n_experts, []
         for pair in self.lora.of(w.name):
