@@ -16,7 +16,7 @@ import pytest
 from engine.config import ModelConfig, MoE
 from engine.cpu import ops
 from engine.cpu.dequant import dequantize
-from engine.cuda import driver, k_moe, memory
+from engine.cuda import dispatch, driver, k_moe, memory
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.errors import CudaError
 from engine.models import moe as M
@@ -563,17 +563,19 @@ def check_ffn(name: str, n: int, seed: int, i16_allowed: bool) -> None:
         launch()
     memory.synchronize(0)
     got, logits = x.to_host(), ffn.s.logits.to_host()[:n]
-    i16 = ffn.i16 and n <= 8  # the 16-bit expert forms (k_moe.takes_i16): the reference rounds as they do
+    small = n <= dispatch.moe_matvec_tokens(layer.moe.n_experts_used)  # the decode expert kernels, not the GEMM
+    assert any(nm.startswith("moe_gemm") for nm in names) != small, names
+    i16 = ffn.i16 and small  # the 16-bit expert forms (k_moe.takes_i16): the reference rounds as they do
     assert any(nm.startswith("moe_gate_up16") for nm in names) == i16, names
     assert ffn.i16 == (i16_allowed and name in I16_FFNS), name
     want, h = layer.reference(x0[:n], norm_w, logits, i16, i16 and ffn._fused_shared())
     context = f"{name} n={n} seed={seed}"
     np.testing.assert_allclose(logits, h @ layer.ref["ffn_gate_inp"].T, rtol=1e-4, atol=1e-5, err_msg=context)
     np.testing.assert_array_equal(got[n:], x0[n:], err_msg=f"{context}: rows past n changed")
-    # Float32 math but for quantized weights in a GEMM (TF32 tensor cores): the experts' above 8 tokens, the shared
-    # expert's above the matvec passes' 48.
+    # Float32 math but for quantized weights in a GEMM (TF32 tensor cores): the experts' past the decode expert
+    # kernels' tokens, the shared expert's above the matvec passes' 48.
     quantized = [any(t not in FLOAT_TYPES for t in FFNS[name][i]) for i in (3, 6)]
-    tf32 = (n > 8 and quantized[0]) or (n > 48 and quantized[1])
+    tf32 = (not small and quantized[0]) or (n > 48 and quantized[1])
     # The 16-bit forms round float32 values the reference rounds from float64: a value within a float32 rounding of
     # a half step goes the other way, one step s of its group (1.5e-5 of the group's largest) off. A few such a row:
     # the worst row 1e-4, the median still 2e-5.
