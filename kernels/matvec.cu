@@ -21,8 +21,8 @@ __device__ __forceinline__ void matvec3_block(const uint8_t* W0, const uint8_t* 
                                               long long rb1, long long rb2, int R0, int R1, int R2, int K,
                                               const float* x, const float* norm_w, float eps, float* y0, float* y1,
                                               float* y2) {
-    constexpr int BYTES = mv::STAGE_BYTES<TA, 1> > mv::STAGE_BYTES<TB, 1> ? mv::STAGE_BYTES<TA, 1> : mv::STAGE_BYTES<TB, 1>;
-    __shared__ __align__(16) uint8_t buf[BYTES];  // either type's staging
+    constexpr int A = mv::STAGE_BYTES<TA, 1>, B = mv::STAGE_BYTES<TB, 1>;
+    __shared__ __align__(16) uint8_t buf[A > B ? A : B];  // either type's staging
     const int b0 = (R0 + ROWS - 1) / ROWS, b1 = (R1 + ROWS - 1) / ROWS;
     int blk = blockIdx.x;
     if (blk < b0) {

@@ -76,7 +76,7 @@ class _Scratch:
         self.counter = k_moe.route_counter()  # route_decode's ticket (1,) i32, zero between launches
         self.h = DeviceArray.empty((items, f))  # SwiGLU per item, token-major (n <= s) or by expert (b*k, F) f32
         self.h2: DeviceArray | None = None  # up projections when gate/up types differ (b*k, F) f32
-        small = min(b, moe_matvec_tokens(k))  # tokens the decode expert kernels take
+        self.small = small = min(b, moe_matvec_tokens(k))  # tokens the decode expert kernels take, fixed at load
         self.h16 = k_moe.Groups16.empty(small * k, f) if f % 8 == 0 else None  # h, 16-bit (n <= small)
         s = m.shared_hidden_dim
         self.hs = DeviceArray.empty((b, s)) if s else None  # shared expert SwiGLU (b, S) f32
@@ -188,7 +188,7 @@ class MoEFFN:
             out += _matmul(router, s.xn, n, s.logits, self.lora)
             out.append(k_moe.route(s.logits, n, m.n_experts, m.n_experts_used, s.ids, s.wts, xn=s.xn,
                                    gate_shexp=gate, sgate=s.sgate, **rule))  # fmt: skip
-        if n <= moe_matvec_tokens(m.n_experts_used):
+        if n <= s.small:  # the bound the scratch was sized for
             return out + self._small(x, n)
         return out + self._shared(n) + self._grouped(x, n)
 
