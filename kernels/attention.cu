@@ -193,6 +193,28 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
     }
 }
 
+// Before the wait: the cache rows of this block's keys into L2, so that its chain of dependent reads after the wait
+// (a group of keys' K rows, their scores, the V rows) meets L2 rather than DRAM: the rows were written by earlier steps
+// and the weights streamed since have pushed them out. The range is the one the position gives before the wait (a
+// hint alone: every row the block uses is chosen again from the position read after it). Each row's lines from its
+// first byte to its last (rows need not start on a line).
+template <typename KV>
+__device__ __forceinline__ void prefetch_keys(const KV* kc, const KV* vc, const int* pos, int KVH, int hd, int vd,
+                                              int n_splits, int min_chunk, int parts) {
+    const int L = *pos + 1;  // pre-wait: the position, for the prefetch's range alone (a hint; see above)
+    const int chunk = max((L + n_splits - 1) / n_splits, min_chunk);
+    const int k0 = min(int(blockIdx.y) * chunk, L), k1 = min(k0 + chunk, L), g = blockIdx.x / parts;
+    const int kb = hd * int(sizeof(KV)), vb = vd * int(sizeof(KV));  // bytes of a row
+    const int kl = kb / 128 + 1, per = kl + vb / 128 + 1;            // prefetches a row: its lines, and its last byte
+    for (int i = threadIdx.x; i < (k1 - k0) * per; i += blockDim.x) {
+        const long long key = k0 + i / per;
+        const int j = i % per;
+        const char* k = reinterpret_cast<const char*>(kc + (key * KVH + g) * hd);
+        const char* v = reinterpret_cast<const char*>(vc + (key * KVH + g) * vd);
+        pdl::prefetch_line(j < kl ? k + min(128 * j, kb - 1) : v + min(128 * (j - kl), vb - 1));
+    }
+}
+
 // grid (KVH * parts, n_splits), block 128: block row b = g * parts + part takes q heads [b * G, +G) of kv head g,
 // G = H / KVH / parts. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), min_chunk) and active =
 // ceil(L / chunk) splits; split s < active covers keys [s*chunk, min((s+1)*chunk, L)).
@@ -206,10 +228,12 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
                                        const KV* __restrict__ v_cache, const int* pos, int H, int KVH, int hd, int vd,
                                        float scale, int n_splits, int min_chunk, int parts, float* __restrict__ part_o,
                                        float* __restrict__ part_ml, int* __restrict__ counters,
-                                       float* __restrict__ out) {
+                                       float* __restrict__ out, int prefetch) {
     __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
     __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
+    if (prefetch) prefetch_keys(k_cache, v_cache, pos, KVH, hd, vd, n_splits, min_chunk, parts);
+    pdl::wait();  // q and the new key's row are the kernels before's (pdl.cuh); so is the position
     const int L = *pos + 1;
     const int chunk = max((L + n_splits - 1) / n_splits, min_chunk), active = (L + chunk - 1) / chunk;
     if (counters && int(blockIdx.y) >= active) return;
@@ -249,10 +273,10 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
         NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
              const int* pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk, int parts,  \
              float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,                  \
-             float* __restrict__ out) {                                                                            \
-        pdl::begin();                                                                                              \
+             float* __restrict__ out, int prefetch) {                                                              \
+        pdl::launch_dependents();                                                                                  \
         decode<KV>(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n_splits, min_chunk, parts, part_o, part_ml,  \
-                   counters, out);                                                                                 \
+                   counters, out, prefetch);                                                                       \
     }
 ATTN_DECODE(attn_decode, float)
 ATTN_DECODE(attn_decode_f16, __half)

@@ -9,11 +9,15 @@
 // Measured on the H200 (scripts/stream_bench.py): the time does not follow the bytes (Q8_0, Q4_K and Q6_K rows of
 // 2048 took 136-137 us for 151936 rows) but the registers: with 4 groups a lane instead of 8 (63 registers, not ~100)
 // 1024-wide rows went 92 -> 79 us. Neither more rows a warp, a deeper ring, nor 2 or 8 warps a block helped.
+// I16 (q16::HAS types): x times norm_w rounded to 16 bits a group of 8 (quant_i16.cuh) once, before the rows, and
+// each group's dot in integers: 4 __dp2a for 8 products instead of 8 conversions and 8 fma, and 6 registers a group
+// of x instead of 9.
 #pragma once
 #include "common.cuh"
 #include "pdl.cuh"
 #include "quant.cuh"
 #include "quant_dot.cuh"
+#include "quant_i16.cuh"
 #include "stage.cuh"
 
 namespace mvs {
@@ -25,8 +29,8 @@ template <int T, int MG>
 constexpr int PITCH = stage::pitch(32 * MG * 8 / q::Quant<T>::QK * q::Quant<T>::BYTES);  // a row buffer, K <= 256 MG
 
 // y[r] = (resid[r] +) s * W[r] . (x * norm_w), s = rsqrt(mean(x^2) + eps) when norm_w, else 1.
-// (NW warps a block, NR rows a warp, NS buffers a warp, MG groups a lane: the defaults above.)
-template <int T, int NW = WARPS, int NR = ROWS, int NS = STAGES, int MG = MAXG>
+// (NW warps a block, NR rows a warp, NS buffers a warp, MG groups a lane: the defaults above; I16: the integer dots.)
+template <int T, int NW = WARPS, int NR = ROWS, int NS = STAGES, int MG = MAXG, bool I16 = false>
 __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, long long row_bytes, int R, int K,
                                               const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
                                               const float* resid, float* y) {
@@ -45,6 +49,7 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
     pdl::wait();  // the weight rows are on their way; x is the kernel before's output (pdl.cuh)
 
     float xv[MAXG][1][8], xs[MAXG][1], ss = 0.f;  // groups lane + 32 j of x (times norm_w); 0 past K
+    q16::Group xq[I16 ? MAXG : 1];                 // I16: those groups rounded
 #pragma unroll
     for (int j = 0; j < MAXG; ++j) {
         const int g = lane + 32 * j;
@@ -60,7 +65,8 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
 #pragma unroll
             for (int k = 0; k < 8; ++k) xv[j][0][k] = 0.f;
         }
-        q::xsums<T, 1>(xv[j], xs[j]);
+        if constexpr (I16) xq[j] = q16::quantize8(xv[j][0]);
+        else q::xsums<T, 1>(xv[j], xs[j]);
     }
     const float s = norm_w ? rsqrtf(cm::warp_sum(ss) / float(K) + eps) : 1.f;
 
@@ -74,7 +80,10 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
         float acc = 0.f;
 #pragma unroll
         for (int j = 0; j < MAXG; ++j)
-            if (lane + 32 * j < G) q::dot8_acc<T, 1>(rp, lane + 32 * j, xv[j], xs[j], &acc);
+            if (lane + 32 * j < G) {
+                if constexpr (I16) acc = fmaf(xq[j].s, q16::dot8<T>(rp, lane + 32 * j, xq[j]), acc);
+                else q::dot8_acc<T, 1>(rp, lane + 32 * j, xv[j], xs[j], &acc);
+            }
         acc = cm::warp_sum(acc);
         if (lane == 0) {
             const int r = r0 + i;

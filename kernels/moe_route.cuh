@@ -189,7 +189,10 @@ __device__ __forceinline__ void route_token(int t, const float* __restrict__ log
 // route_token does. The weights (the row, norm_w) are loaded before the wait, so their round trip overlaps the kernel
 // before; after it, one round trip for x. On an H200, for the 30B-A3B shape, 7.9 us a launch; a warp a row (16
 // blocks, half of each row loaded after the norm, the weights sunk below the wait by ptxas) took 11.1. One launch
-// instead of rmsnorm_rows, the router matvec and moe_route took 12.3 against 3.5 + 3.9 + 8.7.
+// instead of rmsnorm_rows, the router matvec and moe_route took 12.3 against 3.5 + 3.9 + 8.7. The last block pulling
+// the chosen experts' gate and up matrices into L2 once it knew them (cp.async.bulk.prefetch.L2 in 32 KiB pieces over
+// its threads) made the launch 64 us on an H200 (2026-12-04, 30B-A3B shape; 98 with down too): one SM's bulk
+// prefetches went out at ~0.2 TB/s and the block did not finish before them. Not kept.
 constexpr int ROUTE_MAX_DIM = 8192;
 constexpr int ROUTE_GRANULES = ROUTE_MAX_DIM / 4 / ROUTE_THREADS;  // float4 granules a thread
 

@@ -49,4 +49,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p, long long n) {
 #endif
 }
 
+// The 128-byte line holding p into L2 (one thread's hint).
+__device__ __forceinline__ void prefetch_line(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
 }  // namespace pdl

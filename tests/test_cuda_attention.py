@@ -189,6 +189,10 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
         out.copy_from_host(np.full((H, vd), np.nan, np.float32))
         run(launch)  # the same launch again (as a graph replays it): the same bits, whichever block came last
         assert np.array_equal(out.to_host(), first), ctx
+        out.copy_from_host(np.full((H, vd), np.nan, np.float32))
+        run(ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, tickets, out,
+                           min_chunk=min_chunk, parts=parts, prefetch=not dispatch.prefetch_keys()))  # fmt: skip
+        assert np.array_equal(out.to_host(), first), f"{ctx}: the L2 prefetch (a hint) changed the result"
         # partials for attn_combine: every split written, empty ones too
         part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
         run(ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, min_chunk=min_chunk,

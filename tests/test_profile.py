@@ -19,13 +19,17 @@ def test_profile_needs_the_cuda_backend():
 @pytest.mark.gpu
 def test_profile_times_every_launch_of_a_decode_step():
     engine = Engine.load(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), backend="cuda", max_seq_len=128)
-    report = profile(engine, prompt_tokens=8, repeats=5)
+    report = profile(engine, prompt_tokens=8, repeats=5, ablate=True)
     rows = report["launches"]
     assert report["launches_per_step"] == len(rows) > 0
     assert all(r["kernel"] != "?" and "." in r["kernel"] and r["us"] > 0 for r in rows)
     assert report["step_ms"] > 0 and report["sum_of_launches_ms"] > 0
     assert sum(k["launches"] for k in report["by_kernel"]) == len(rows)
     assert abs(sum(k["share"] for k in report["by_kernel"]) - 1.0) < 1e-2
+    ablated = report["in_step"]  # every kernel once, its launches counted as in the table
+    assert sorted((k["kernel"], k["launches"]) for k in ablated) == sorted(
+        (k["kernel"], k["launches"]) for k in report["by_kernel"]
+    )
     # profiling leaves the sequence usable: the next request gives the same answer as on a fresh engine
     fresh = Engine.load(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), backend="cuda", max_seq_len=128)
     want = fresh.generate("The capital of France is", max_tokens=4)["token_ids"]

@@ -72,6 +72,14 @@ def use_stream(rows: int, cols: int, n: int) -> bool:
     return n == 1 and rows >= STREAM_MIN_ROWS and cols <= STREAM_MAX_K
 
 
+def stream_i16() -> bool:
+    """Whether matvec_stream dots in integers with x rounded to 16 bits (matvec_stream16, k_matvec.STREAM16_TYPES)
+    rather than in float (REFLEX_STREAM_I16=0, for comparisons). One H200 (2026-12-04): scripts/stream_bench.py, Q6_K
+    151936 x 2048 136 -> 109 us, 151936 x 1024 75 -> 65 (the k1024 forms), 248320 x 1024 114 -> 98; engine profile
+    steps, 4-layer 30B-A3B shape 0.3502 -> 0.3235 ms (LM head 98.6 us in it), Qwen3-0.6B shape 0.9581 -> 0.9470."""
+    return os.environ.get("REFLEX_STREAM_I16", "1") != "0"
+
+
 # The MoE FFN of n tokens, k experts a token: up to MOE_MATVEC_ITEMS routed items (n x k) go through the decode expert
 # kernels (engine/models/moe_cuda.py, _small: a block a row block of one item's expert, an expert's rows read once
 # per item that chose it, from L2 after the first), past it through the grouped GEMM over the rows sorted by expert,
@@ -137,6 +145,15 @@ BLOCK_HEADS = 4  # q heads an attn_decode block scores at most when a kv head is
 def shared_parts(G: int) -> int:
     """The fewest whole blocks among which a kv head's G q heads split, at most BLOCK_HEADS a block."""
     return next(p for p in range(1, G + 1) if G % p == 0 and G // p <= BLOCK_HEADS)
+
+
+def prefetch_keys() -> bool:
+    """Whether attn_decode pulls each block's cache rows into L2 before its wait (kernels/attention.cu,
+    prefetch_keys), so its dependent reads after it meet L2 (REFLEX_ATTN_PREFETCH=0, for comparisons). One H200
+    (2026-12-04, engine profile, 64-key context, two rounds): Qwen3-0.6B shape step 0.9551 / 0.9564 -> 0.8939 / 0.8940
+    ms (attn_decode's cost in the step, by ablation, 11.8 -> 9.9 us a launch); 4-layer 30B-A3B 0.3276 / 0.3273 ->
+    0.3257 / 0.3260."""
+    return os.environ.get("REFLEX_ATTN_PREFETCH", "1") != "0"
 
 
 def decode_attention(H: int, KVH: int) -> tuple[bool, int, int]:

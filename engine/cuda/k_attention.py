@@ -65,9 +65,12 @@ def attn_decode(
     out: DeviceArray | None = None,  # (H*vd,) f32 out, with counters
     min_chunk: int = 1,  # keys a split at least
     parts: int = 1,  # blocks sharing a kv head's q heads (a whole divisor of H / KVH)
+    prefetch: bool | None = None,  # each block's cache rows into L2 before its wait; None: dispatch.prefetch_keys()
 ) -> Launch:  # fmt: skip
     """With counters and out: one launch, the splits combined by the last block of each row of blocks; without: the
     partials, for attn_combine (kernels/README.md; dispatch.decode_attention chooses)."""
+    if prefetch is None:
+        prefetch = dispatch.prefetch_keys()
     _heads(H, KVH, hd, vd)
     if n_splits < 1 or min_chunk < 1:
         raise CudaError(f"attn_decode: n_splits {n_splits} and min_chunk {min_chunk} must be >= 1")
@@ -85,7 +88,8 @@ def attn_decode(
         need(out, "out", "f4", H * vd)
     fn = driver.module("attention").fn(kv_kernel("attn_decode", k_cache))
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
-            i32(n_splits), i32(min_chunk), i32(parts), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out)]  # fmt: skip
+            i32(n_splits), i32(min_chunk), i32(parts), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out),
+            i32(1 if prefetch else 0)]  # fmt: skip
     return Launch(fn, (KVH * parts, n_splits), (128,), args)
 
 

@@ -24,6 +24,8 @@ STREAM_TYPES = frozenset(
      GGMLType.Q6_K}
 )  # fmt: skip
 STREAM_THREADS, STREAM_ROWS_PER_BLOCK = 128, 64
+# matvec_stream16_{t}: x rounded to 16 bits and dotted in integers (kernels/quant_i16.cuh); dispatch.stream_i16 decides
+STREAM16_TYPES = frozenset({GGMLType.Q6_K, GGMLType.Q8_0})
 
 
 # matvec3_{a}_{b}_n1 (kernels/matvec.cu): the first two matrices of type a, the third of type b
@@ -88,7 +90,8 @@ def matvec(
             raise CudaError(f"matvec_stream takes 1 token, K <= {dispatch.STREAM_MAX_K}, a quantized common type")
         # _k1024: half the x registers, twice the warps an SM (dispatch.STREAM_NARROW_K)
         suffix = "_k1024" if w.cols <= dispatch.STREAM_NARROW_K else ""
-        fn = driver.module("matvec").fn(f"matvec_stream_{w.tag}{suffix}")
+        form = "stream16" if w.ggml_type in STREAM16_TYPES and dispatch.stream_i16() else "stream"
+        fn = driver.module("matvec").fn(f"matvec_{form}_{w.tag}{suffix}")
         args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), ptr(norm_w), f32(eps), ptr(resid),
                 ptr(y)]  # fmt: skip
         return Launch(fn, (_blocks(w.rows, STREAM_ROWS_PER_BLOCK),), (STREAM_THREADS,), args)

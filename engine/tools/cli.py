@@ -184,7 +184,7 @@ def cmd_bench(args) -> int:
 def cmd_profile(args) -> int:
     from engine.tools.profile import profile
 
-    _print(profile(_load(args), prompt_tokens=args.prompt_tokens, repeats=args.repeats))
+    _print(profile(_load(args), prompt_tokens=args.prompt_tokens, repeats=args.repeats, ablate=args.ablate))
     return 0
 
 
@@ -320,6 +320,11 @@ def _parser() -> argparse.ArgumentParser:
     f = model_cmd("profile", "time each launch of one CUDA decode step, grouped by kernel")
     f.add_argument("--prompt-tokens", type=_integer(1), default=64, help="tokens in the cache before the profiled step")
     f.add_argument("--repeats", type=_integer(1), default=200, help="graph replays per timed launch")
+    f.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also time the step without each kernel's launches: what each costs inside the step",
+    )
     f.set_defaults(func=cmd_profile)
 
     sub.add_parser("smoke", help="run one prebuilt kernel and time the AOT path from process start",

@@ -4,6 +4,11 @@ Each launch of one decode step (the model's forward for one token plus the LM he
 own and replayed many times between device events, so its figure excludes the host; the whole step is replayed the
 same way. The table groups launches by kernel. The state the step reads (KV cache rows, position) comes from a real
 prompt run first; replaying a launch alone rewrites its outputs with the same values, so nothing drifts.
+
+A launch alone pays a graph launch of its own (a few microseconds), and in the step it overlaps its neighbours
+(programmatic dependent launch), so its figure is not what it costs the step. With ablate, each kernel's cost in the
+step is measured too: the step's time minus the time of the step without that kernel's launches (the outputs are
+then wrong; only the time is read), the two replayed in turns.
 """
 
 from __future__ import annotations
@@ -30,8 +35,26 @@ def replay_ms(launches: list, stream: int, repeats: int) -> float:
         graph.destroy()
 
 
-def profile(engine, prompt_tokens: int = 64, repeats: int = 200) -> dict:
-    """The decode step of `engine` (CUDA backend) after a prompt of `prompt_tokens` tokens, timed per launch."""
+def in_step(launches: list, stream: int, repeats: int, rounds: int = 3) -> list[dict]:
+    """Per kernel name, what its launches cost the step: the median over `rounds` of (step - step without them)."""
+    names = sorted({launch.name for launch in launches})
+    deltas: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            full = replay_ms(launches, stream, repeats)
+            rest = replay_ms([launch for launch in launches if launch.name != name], stream, repeats)
+            deltas[name].append(full - rest)
+    rows = []
+    for name in names:
+        d = sorted(deltas[name])[len(deltas[name]) // 2] * 1000.0
+        count = sum(1 for launch in launches if launch.name == name)
+        rows.append({"kernel": name, "launches": count, "us": round(d, 2), "us_a_launch": round(d / count, 2)})
+    return sorted(rows, key=lambda r: -r["us"])
+
+
+def profile(engine, prompt_tokens: int = 64, repeats: int = 200, ablate: bool = False) -> dict:
+    """The decode step of `engine` (CUDA backend) after a prompt of `prompt_tokens` tokens, timed per launch (and,
+    with ablate, per kernel in the step: in_step)."""
     runner = engine.runner
     if runner.backend != "cuda":
         raise UnsupportedArchitecture("profile needs the CUDA backend (a GPU and built kernels)")
@@ -56,7 +79,7 @@ def profile(engine, prompt_tokens: int = 64, repeats: int = 200) -> dict:
     for k in table:
         k["us"] = round(k["us"], 2)
         k["share"] = round(k["us"] / total_us, 4)
-    return {
+    report = {
         "model": engine.model_info,
         "prompt_tokens": prompt_tokens,
         "repeats": repeats,
@@ -68,3 +91,6 @@ def profile(engine, prompt_tokens: int = 64, repeats: int = 200) -> dict:
         "by_kernel": table,
         "launches": rows,
     }
+    if ablate:
+        report["in_step"] = in_step(launches, stream, repeats)
+    return report
