@@ -106,15 +106,12 @@ Q_FOR_EACH_LOWBIT_TYPE(MOE_LOWBIT_KERNELS)
         pdl::begin();                                                                                                 \
         moe::down<T, true>(W, row_bytes, expert_bytes, R, K, nullptr, ids, w, k, shared, sgate, x, hq, hm);           \
     }                                                                                                                 \
-    /* moe_down16's sum with the rows staged (moe_expert.cuh, down_staged): grid (ceil(R / 8), n); before its wait */ \
-    /* the grid pulls n_pf spans of the next launch's weights into L2 (pf: pdl.cuh, prefetch_spans) */                \
+    /* moe_down16's sum with the rows staged (moe_expert.cuh, down_staged): grid (ceil(R / 8), n) */                  \
     extern "C" __global__ void __launch_bounds__(moe::MV_THREADS, 2)                                                  \
         moe_down16s_##tag(const uint8_t* W, long long row_bytes, long long expert_bytes, int R, int K,                \
                           const int16_t* hq, const q16::Meta* hm, const int* ids, const float* w, int k,              \
-                          const float* shared, const float* sgate, float* x, const long long* pf, int n_pf) {         \
-        pdl::launch_dependents();                                                                                     \
-        pdl::prefetch_spans(pf, n_pf);                                                                                \
-        pdl::wait();                                                                                                  \
+                          const float* shared, const float* sgate, float* x) {                                        \
+        pdl::begin();                                                                                                 \
         moe::down_staged<T>(W, row_bytes, expert_bytes, R, K, ids, w, k, shared, sgate, x, hq, hm);                   \
     }
 Q16_FOR_EACH_TYPE(MOE_I16_KERNELS)

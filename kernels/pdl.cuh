@@ -56,18 +56,4 @@ __device__ __forceinline__ void prefetch_line(const void* p) {
 #endif
 }
 
-// Before the wait: this block's share (by its index in the grid) of n spans of weights, pf[2 i] the address and
-// pf[2 i + 1] the bytes of span i, into L2 a line a thread at a time. A kernel whose own reads must wait (they depend
-// on the kernel before) pulls the next launch's weights meanwhile: that launch's blocks often cannot even be resident
-// yet beside this one's, so their own prefetch would come late. A hint: a span's last partial line may be left out.
-__device__ __forceinline__ void prefetch_spans(const long long* pf, int n) {
-    const long long parts = (long long)gridDim.x * gridDim.y, part = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-    for (int s = 0; s < n; ++s) {
-        const char* p = reinterpret_cast<const char*>(pf[2 * s]);  // pre-wait: the span list, written at load
-        const long long lines = pf[2 * s + 1] / 128;                 // pre-wait: the span list, written at load
-        for (long long l = lines * part / parts + threadIdx.x; l < lines * (part + 1) / parts; l += blockDim.x)
-            prefetch_line(p + 128 * l);
-    }
-}
-
 }  // namespace pdl

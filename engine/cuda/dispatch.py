@@ -156,12 +156,6 @@ def prefetch_keys() -> bool:
     return os.environ.get("REFLEX_ATTN_PREFETCH", "1") != "0"
 
 
-def prefetch_next() -> bool:
-    """Whether the MoE FFN's expert down (moe_down16s), whose own reads wait on the experts' outputs, pulls the next
-    layer's q/k/v weights into L2 meanwhile (MoEFFN.pull_next; REFLEX_PREFETCH_NEXT=0, for comparisons)."""
-    return os.environ.get("REFLEX_PREFETCH_NEXT", "1") != "0"
-
-
 def decode_attention(H: int, KVH: int) -> tuple[bool, int, int]:
     """(fold, min_chunk, parts) of attn_decode for H q heads over KVH kv heads. Folded, the last block of a row
     combines its splits (one launch) and a split takes 128 keys at least; else 32 splits of ceil(L / 32) keys and an

@@ -13,11 +13,10 @@ The 16-bit forms (kernels/quant_i16.cuh): for the types in I16_TYPES, gate_up ro
 
 from __future__ import annotations
 
-import array
 import os
 from dataclasses import dataclass
 
-from engine.cuda import driver, memory
+from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
 from engine.cuda.k_gemm import _need_weight
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
@@ -279,18 +278,6 @@ def fuses_shared(wg: DeviceWeight, wu: DeviceWeight | None, sg: DeviceWeight, su
             and sg.rows == su.rows and sg.rows % wg.rows == 0)  # fmt: skip
 
 
-class Spans:
-    """Weights a kernel pulls into L2 before its wait (kernels/pdl.cuh, prefetch_spans): (address, bytes) pairs in a
-    device array written once, at load."""
-
-    def __init__(self, weights: list[DeviceWeight]):
-        self.count = len(weights)
-        host = array.array("q", [v for w in weights for v in (w.ptr, w.rows * w.row_bytes)])
-        self.list = DeviceArray.empty((max(self.count, 1), 2), "i8")  # (address, bytes) a span, i64
-        if self.count:
-            memory.memcpy(self.list.ptr, host.buffer_info()[0], 16 * self.count, memory.H2D)
-
-
 def down(
     w: DeviceWeight,  # expert 0 of ffn_down_exps: (dim, F) GGUF blocks
     h: DeviceArray | Groups16,  # (n * k, F) f4: gate_up's output per item (Groups16: its 16-bit form)
@@ -302,7 +289,6 @@ def down(
     *,
     shared: DeviceArray | None = None,  # (n, dim) f4: the shared expert's output
     sgate: DeviceArray | None = None,  # (n,) f4: its gate (None: 1)
-    then: Spans | None = None,  # the next launch's weights: the staged form pulls them into L2 (a hint; others don't)
 ) -> Launch:
     if not (1 <= k <= MAX_K and 1 <= n <= MAX_GRID_Y):
         raise CudaError(f"moe down: k={k} (at most {MAX_K}), n={n}")
@@ -328,8 +314,6 @@ def down(
     fn = driver.module("moe").fn(name)
     args = [ptr(w.ptr), i64(w.row_bytes), i64(stride), i32(w.rows), i32(w.cols), *hargs, ptr(ids), ptr(wts), i32(k),
             ptr(shared), ptr(sgate), ptr(x)]  # fmt: skip
-    if name.startswith("moe_down16s_"):
-        args += [ptr(then and then.list), i32(then.count if then else 0)]
     return Launch(fn, ((w.rows + rows_a_block - 1) // rows_a_block, n), (MV_THREADS,), args)
 
 

@@ -67,9 +67,6 @@ class CudaModel:
         moe = cfg.moe
         self.moe = [MoEFFN(cfg, L, max_batch) if moe is not None and i >= moe.n_dense_leading else None
                     for i, L in enumerate(self.layers)]  # fmt: skip
-        for ffn, after in zip(self.moe[:-1], self.layers[1:], strict=True):  # the next layer's q/k/v, pulled into
-            if ffn is not None:  # L2 during the expert down
-                ffn.pull_next([after[name] for name in ("attn_q", "attn_k", "attn_v")])
         self._allocate()
 
     def _allocate(self) -> None:

@@ -36,7 +36,7 @@ from engine.cuda import k_elementwise as kel
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_lora, k_moe, memory, small_batch
 from engine.cuda import k_norm_rope as knr
-from engine.cuda.dispatch import moe_matvec_tokens, prefetch_next, use_matvec
+from engine.cuda.dispatch import moe_matvec_tokens, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA, DeviceLora, Pair
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -147,15 +147,9 @@ class MoEFFN:
         self.s = _Scratch.of(cfg, max_batch)
         self.s.second_buffers(self.split_experts, self.split_shared)
         self.lora = NO_LORA  # use_lora replaces it before the first launch list is built
-        self.then: k_moe.Spans | None = None  # weights of the launch after this FFN (pull_next)
         self.i16 = os.environ.get("REFLEX_MOE_I16", "1") != "0" and k_moe.takes_i16(
             self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps
         )  # n <= s: the 16-bit expert forms (takes_i16 implies F % 8 == 0, so s.h16 exists)
-
-    def pull_next(self, weights: list[DeviceWeight]) -> None:
-        """The weights the launch after this FFN reads (the next layer's q/k/v): the expert down pulls them into L2
-        before its wait, where dispatch.prefetch_next allows (set at load)."""
-        self.then = k_moe.Spans(weights) if weights and prefetch_next() else None
 
     def use_lora(self, lora: DeviceLora) -> None:
         """Apply the model's LoRA updates of this layer's router, experts and shared expert (engine/cuda/lora.attach,
@@ -238,8 +232,7 @@ class MoEFFN:
             out += _matmul(self.shexp[2], s.hs, n, s.ys, self.lora)
         else:
             out = [*self._shared(n), k_moe.gate_up(gate, up, s.xn, s.ids, k, items, h)]
-        then = self.then if not self.lora.of(down.name) else None  # the next launch's weights, when down is last
-        out.append(k_moe.down(down, h, s.ids, s.wts, k, n, x, **self._shared_args(), then=then))
+        out.append(k_moe.down(down, h, s.ids, s.wts, k, n, x, **self._shared_args()))
         for pair in self.lora.of(down.name):  # x[t] += sum_j w_j B'_e (A_e h_j): item p's A_e . h[p] (k = 1), summed
             t = s.lora_t(pair)
             out += [k_moe.gate_up(pair.a, None, s.h, s.ids, 1, items, t), k_moe.down(pair.b, t, s.ids, s.wts, k, n, x)]
