@@ -25,6 +25,10 @@
 //   cp.async.bulk.prefetch.L2 a block) measured slower on an H200 (2026-12-04): 4-layer steps 0.3529 -> 0.3551 ms
 //   (30B-A3B shape) and 0.4230 -> 0.4278 (DeepSeek-V2-Lite), full 30B-A3B decode 354 -> 350 tok/s; gate_up took
 //   the extra traffic (11.8 -> 12.2 us) and down did not get faster. Not kept.
+// down_staged's grid pulling the next layer's q/k/v into L2 before its wait (its own rows wait on the experts' outputs;
+// matvec3's 640 blocks cannot be resident beside it to prefetch their own) measured no faster on an H200 (2026-12-04,
+// 4-layer 30B-A3B shape, two rounds): steps 0.3264 / 0.3257 ms without, 0.3250 / 0.3260 with; down took the extra
+// reads (7.9-8.5 -> 9.0-9.2 us a launch) and matvec3 still cost ~11 us inside the step. Not kept.
 // The 16-bit forms (gate_up<T, true>, down<T, true>; quant_i16.cuh's types): gate_up rounds x to 16 bits a group of 8
 // and dots in integers; its SwiGLU outputs, 8 rows of a block being one group, go out rounded the same way (int16
 // values and a Meta a group), which down reads in place of the float h.
