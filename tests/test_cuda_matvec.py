@@ -115,41 +115,10 @@ def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) 
 STREAM_SHAPES = [(5, 256), (77, 1024), (1003, 2048), (130, 32), (50, 1536)]
 
 
-@pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("ggml_type", sorted(k_matvec.STREAM_TYPES), ids=lambda t: t.name)
-def test_matvec_stream(ggml_type: GGMLType, shape: tuple[int, int], seed: int, monkeypatch) -> None:
-    """The streamed one-token matvec (the LM head's), its float form: forced on small matrices, with and without the
-    fused RMSNorm and the in-place residual; the slack past R stays poisoned."""
-    monkeypatch.setenv("REFLEX_STREAM_I16", "0")
-    rows, cols = shape
-    needs_blocks(ggml_type, cols)
-    rng = np.random.default_rng(seed)
-    w = Weight(rng, ggml_type, rows, cols)
-    x, norm_w = inputs(rng, 1, cols)
-    resid = rng.normal(size=(1, rows)).astype(np.float32)
-    eps = 1e-6
-    d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
-    for norm in (False, True):
-        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
-        ref = xn @ w.dense.T
-        tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
-        context = f"{ggml_type.name} {rows}x{cols} norm={norm} seed={seed}"
-        y = poisoned((1, rows + 40))
-        run(k_matvec.matvec(w.dev, d_x, 1, y, norm_w=d_norm if norm else None, eps=eps, stream=True))
-        got = y.to_host()
-        assert_close(got[:, :rows], ref, tol, context)
-        assert_untouched(got[:, rows:], context)
-        y_res = DeviceArray.from_host(resid)
-        run(k_matvec.matvec(w.dev, d_x, 1, y_res, norm_w=d_norm if norm else None, eps=eps, resid=y_res, stream=True))
-        assert_close(y_res.to_host(), resid + ref, tol + 1e-7 * np.abs(resid), context + " resid=y")
-
-
-@pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("ggml_type", sorted(k_matvec.STREAM16_TYPES), ids=lambda t: t.name)
-def test_matvec_stream16(ggml_type: GGMLType, shape: tuple[int, int], seed: int, monkeypatch) -> None:
-    """matvec_stream16: x (times norm_w) rounded to 16 bits a group of 8 as tests/i16.py rounds it, then the float
-    tolerance of the rounded-x product; with and without the norm and the in-place residual; the slack past R stays
-    poisoned. The float form (REFLEX_STREAM_I16=0) differs from it by the rounding alone."""
+def check_stream(ggml_type: GGMLType, shape: tuple[int, int], seed: int, form: str) -> None:
+    """matvec_stream (form "stream": float dots) or matvec_stream16 ("stream16": x times norm_w rounded to 16 bits a
+    group of 8 as tests/i16.py rounds it, the float tolerance of the rounded-x product), forced on small matrices: with
+    and without the fused RMSNorm and the in-place residual; the slack past R stays poisoned."""
     rows, cols = shape
     needs_blocks(ggml_type, cols)
     rng = np.random.default_rng(seed)
@@ -160,13 +129,15 @@ def test_matvec_stream16(ggml_type: GGMLType, shape: tuple[int, int], seed: int,
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
     for norm in (False, True):
         launch = k_matvec.matvec(w.dev, d_x, 1, poisoned((1, rows)), norm_w=d_norm if norm else None, stream=True)
-        assert launch.name.startswith("matvec.matvec_stream16_"), launch.name
-        scaled = x * norm_w if norm else x  # float32, as the kernel forms it before rounding
-        s = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) if norm else 1.0
-        xr = rounded(scaled) * s
-        ref = xr @ w.dense.T
-        tol = RTOL * (np.abs(xr) @ np.abs(w.dense).T) + 1e-30
-        context = f"{ggml_type.name} {rows}x{cols} norm={norm} seed={seed}"
+        assert launch.name.startswith(f"matvec.matvec_{form}_"), launch.name
+        if form == "stream16":
+            s = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) if norm else 1.0
+            xn = rounded(x * norm_w if norm else x) * s  # rounded as the kernel does: x * norm_w in float32
+        else:
+            xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+        ref = xn @ w.dense.T
+        tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
+        context = f"{form} {ggml_type.name} {rows}x{cols} norm={norm} seed={seed}"
         y = poisoned((1, rows + 40))
         run(k_matvec.matvec(w.dev, d_x, 1, y, norm_w=d_norm if norm else None, eps=eps, stream=True))
         got = y.to_host()
@@ -175,9 +146,21 @@ def test_matvec_stream16(ggml_type: GGMLType, shape: tuple[int, int], seed: int,
         y_res = DeviceArray.from_host(resid)
         run(k_matvec.matvec(w.dev, d_x, 1, y_res, norm_w=d_norm if norm else None, eps=eps, resid=y_res, stream=True))
         assert_close(y_res.to_host(), resid + ref, tol + 1e-7 * np.abs(resid), context + " resid=y")
+
+
+@pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("ggml_type", sorted(k_matvec.STREAM_TYPES), ids=lambda t: t.name)
+def test_matvec_stream(ggml_type: GGMLType, shape: tuple[int, int], seed: int, monkeypatch) -> None:
+    """The streamed one-token matvec (the LM head's), its float form (REFLEX_STREAM_I16=0)."""
     monkeypatch.setenv("REFLEX_STREAM_I16", "0")
-    launch = k_matvec.matvec(w.dev, d_x, 1, poisoned((1, rows)), stream=True)
-    assert launch.name.startswith("matvec.matvec_stream_"), launch.name
+    check_stream(ggml_type, shape, seed, "stream")
+
+
+@pytest.mark.parametrize("shape", STREAM_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("ggml_type", sorted(k_matvec.STREAM16_TYPES), ids=lambda t: t.name)
+def test_matvec_stream16(ggml_type: GGMLType, shape: tuple[int, int], seed: int) -> None:
+    """Its integer form, the default for k_matvec.STREAM16_TYPES."""
+    check_stream(ggml_type, shape, seed, "stream16")
 
 
 def test_matvec_stream_choice() -> None:
