@@ -3,12 +3,12 @@
 #include "pdl.cuh"
 #include "matvec_stream.cuh"
 
-#define VARIANT(name, T, NW, NR, NS, MG, I16)                                                                          \
+#define VARIANT(name, T, NW, NR, NS, MG, I16)                                                                       \
     extern "C" __global__ void __launch_bounds__(32 * NW)                                                           \
-        name(const uint8_t* W, long long row_bytes, int R, int K, const float* x, const float* norm_w, float eps,  \
+        name(const uint8_t* W, long long row_bytes, int R, int K, const float* x, const float* norm_w, float eps,   \
              const float* resid, float* y) {                                                                        \
         pdl::begin();                                                                                               \
-        mvs::matvec_stream<T, NW, NR, NS, MG, I16>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                        \
+        mvs::matvec_stream<T, NW, NR, NS, MG, I16>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                   \
     }
 
 VARIANT(q6_w4_r16_s4_g8, q::Q6_K, 4, 16, 4, 8, false)

@@ -164,39 +164,26 @@ MATVEC3_KERNEL(matvec3_q4_k_q5_k_n1, q::Q4_K, q::Q5_K)
 
 // matvec_stream (matvec_stream.cuh): one token through a tall matrix; the quantized common types. _{t}: K <= 2048
 // (8 groups of x a lane, ~100 registers); _{t}_k1024: K <= 1024 (4 groups, 63 registers: twice the warps an SM).
-#define MATVEC_STREAM(tag, T)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
-        matvec_stream_##tag(const uint8_t* W, long long row_bytes, int R, int K, const float* x,                     \
-                            const float* norm_w, float eps, const float* resid, float* y) {                         \
-        pdl::launch_dependents();                                                                                   \
-        mvs::matvec_stream<T>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                                        \
-    }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
-        matvec_stream_##tag##_k1024(const uint8_t* W, long long row_bytes, int R, int K, const float* x,             \
-                                    const float* norm_w, float eps, const float* resid, float* y) {                 \
-        pdl::launch_dependents();                                                                                   \
-        mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG / 2>(W, row_bytes, R, K, x, norm_w, eps, \
-                                                                                 resid, y);                         \
-    }
-MATVEC_STREAM(q8_0, q::Q8_0) MATVEC_STREAM(q4_0, q::Q4_0) MATVEC_STREAM(q4_1, q::Q4_1) MATVEC_STREAM(q5_0, q::Q5_0)
-MATVEC_STREAM(q5_1, q::Q5_1) MATVEC_STREAM(q4_k, q::Q4_K) MATVEC_STREAM(q5_k, q::Q5_K) MATVEC_STREAM(q6_k, q::Q6_K)
-
 // matvec_stream16_{t}[_k1024]: the same with the integer dots (matvec_stream.cuh, I16), for the types llama.cpp's files
 // keep their LM heads in (k_matvec.STREAM16_TYPES: Q6_K in the K-quant and legacy mixes, Q8_0). Q5_0's wider form
 // spilled 4 bytes on sm_90 and Q4_K's 16 on sm_80 (nvcc 13.0), so they keep the float form.
-#define MATVEC_STREAM16(tag, T)                                                                                     \
+#define MATVEC_STREAM_FORM(name, T, I16)                                                                            \
     extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
-        matvec_stream16_##tag(const uint8_t* W, long long row_bytes, int R, int K, const float* x,                   \
-                              const float* norm_w, float eps, const float* resid, float* y) {                       \
+        name(const uint8_t* W, long long row_bytes, int R, int K, const float* x, const float* norm_w, float eps,   \
+             const float* resid, float* y) {                                                                        \
         pdl::launch_dependents();                                                                                   \
-        mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG, true>(W, row_bytes, R, K, x, norm_w,   \
-                                                                                   eps, resid, y);                  \
+        mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG, I16>(W, row_bytes, R, K, x, norm_w, eps,\
+                                                                                  resid, y);                        \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
-        matvec_stream16_##tag##_k1024(const uint8_t* W, long long row_bytes, int R, int K, const float* x,           \
-                                      const float* norm_w, float eps, const float* resid, float* y) {               \
+        name##_k1024(const uint8_t* W, long long row_bytes, int R, int K, const float* x, const float* norm_w,      \
+                     float eps, const float* resid, float* y) {                                                     \
         pdl::launch_dependents();                                                                                   \
-        mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG / 2, true>(W, row_bytes, R, K, x,       \
-                                                                                       norm_w, eps, resid, y);      \
+        mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG / 2, I16>(W, row_bytes, R, K, x, norm_w,\
+                                                                                      eps, resid, y);               \
     }
+#define MATVEC_STREAM(tag, T) MATVEC_STREAM_FORM(matvec_stream_##tag, T, false)
+#define MATVEC_STREAM16(tag, T) MATVEC_STREAM_FORM(matvec_stream16_##tag, T, true)
+MATVEC_STREAM(q8_0, q::Q8_0) MATVEC_STREAM(q4_0, q::Q4_0) MATVEC_STREAM(q4_1, q::Q4_1) MATVEC_STREAM(q5_0, q::Q5_0)
+MATVEC_STREAM(q5_1, q::Q5_1) MATVEC_STREAM(q4_k, q::Q4_K) MATVEC_STREAM(q5_k, q::Q5_K) MATVEC_STREAM(q6_k, q::Q6_K)
 MATVEC_STREAM16(q6_k, q::Q6_K) MATVEC_STREAM16(q8_0, q::Q8_0)
