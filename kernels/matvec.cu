@@ -16,7 +16,7 @@ using mv::matvec_block;
 // blocks [0, B0) compute W0's rows, [B0, B0 + B1) W1's, the rest W2's, Bm = ceil(Rm / 8) (Rm = 0: none). W0 and W1
 // are of type TA, W2 of type TB (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k). The choice is per block and
 // uniform, and each block runs matvec_block unchanged: the results are bit for bit those of three matvec launches.
-template <int TA, int TB>
+template <int TA, int TB, bool I16 = false>
 __device__ __forceinline__ void matvec3_block(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0,
                                               long long rb1, long long rb2, int R0, int R1, int R2, int K,
                                               const float* x, const float* norm_w, float eps, float* y0, float* y1,
@@ -26,13 +26,13 @@ __device__ __forceinline__ void matvec3_block(const uint8_t* W0, const uint8_t* 
     const int b0 = (R0 + ROWS - 1) / ROWS, b1 = (R1 + ROWS - 1) / ROWS;
     int blk = blockIdx.x;
     if (blk < b0) {
-        mv::matvec_block_in<TA, 1, 1>(W0, W0, rb0, R0, K, x, 1, norm_w, eps, nullptr, y0, buf, blk);
+        mv::matvec_block_in<TA, 1, 1, I16>(W0, W0, rb0, R0, K, x, 1, norm_w, eps, nullptr, y0, buf, blk);
     } else if (blk < b0 + b1) {
         blk -= b0;
-        mv::matvec_block_in<TA, 1, 1>(W1, W1, rb1, R1, K, x, 1, norm_w, eps, nullptr, y1, buf, blk);
+        mv::matvec_block_in<TA, 1, 1, I16>(W1, W1, rb1, R1, K, x, 1, norm_w, eps, nullptr, y1, buf, blk);
     } else {
         blk -= b0 + b1;
-        mv::matvec_block_in<TB, 1, 1>(W2, W2, rb2, R2, K, x, 1, norm_w, eps, nullptr, y2, buf, blk);
+        mv::matvec_block_in<TB, 1, 1, I16>(W2, W2, rb2, R2, K, x, 1, norm_w, eps, nullptr, y2, buf, blk);
     }
 }
 
@@ -128,7 +128,8 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 #else
 #define MATVEC3_MIN_BLOCKS(T) 1
 #endif
-#define MATVEC3_KERNEL(name, TA, TB)                                                                                \
+#define MATVEC3_KERNEL(name, TA, TB) MATVEC3_FORM(name, TA, TB, false)
+#define MATVEC3_FORM(name, TA, TB, I16)                                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS, MATVEC3_MIN_BLOCKS(TA) < MATVEC3_MIN_BLOCKS(TB)          \
                                                               ? MATVEC3_MIN_BLOCKS(TA)                             \
                                                               : MATVEC3_MIN_BLOCKS(TB))                            \
@@ -138,7 +139,7 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
         pdl::launch_dependents();                                                                                   \
         prefetch_rows3(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2);                                                      \
         pdl::wait();                                                                                                \
-        matvec3_block<TA, TB>(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2, K, x, norm_w, eps, y0, y1, y2);                 \
+        matvec3_block<TA, TB, I16>(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2, K, x, norm_w, eps, y0, y1, y2);            \
     }
 #define MATVEC3(tag, T) MATVEC3_KERNEL(matvec3_##tag##_n1, T, T)
 // The split-form 1-token matvec and swiglu kernels ask for 2 blocks an SM (at most 128 registers): under the plain
@@ -158,9 +159,40 @@ Q_FOR_EACH_LOWBIT_TYPE(MATVEC_KERNELS_1_8)
 // mixes llama.cpp's _M files give q/k and v). On an H200 (2026-12-04) the 30B-A3B shape's Q4_K q/k and Q6_K v took
 // 8.2 + 3.9 us as two launches and 8.4 as one: its 4-layer step 0.368 -> 0.353 ms, its full decode 337.8 -> 354.3
 // tok/s; the Qwen3-0.6B shape's step 1.017 -> 0.964 ms.
+// 16 rows a block (row blocks 2b and 2b + 1 of one matrix staged together, 320 blocks: one wave where 640 are 1.2)
+// measured slower on an H200 (2026-12-04, 30B-A3B shape): 8.4 -> 9.3 us a launch, 4-layer steps 0.3262 / 0.3259 ->
+// 0.3299 / 0.3294 ms, full decode 359.8 / 359.5 -> 358.2 / 358.2 tok/s. The second row block's dots and reduction
+// follow the first's in one block, and that costs more than the second wave did. Not kept.
 MATVEC3_KERNEL(matvec3_q4_k_q6_k_n1, q::Q4_K, q::Q6_K)
 MATVEC3_KERNEL(matvec3_q5_k_q6_k_n1, q::Q5_K, q::Q6_K)
 MATVEC3_KERNEL(matvec3_q4_k_q5_k_n1, q::Q4_K, q::Q5_K)
+
+// The 16-bit forms of the 1-token kernels (matvec16_{t}_n1, matvec_swiglu16_{t}_n1, matvec3_16_{t}_n1 and
+// matvec3_16_q4_k_q6_k_n1; t in quant_i16.cuh's types): x times norm_w rounded to 16 bits a group of 8 and dotted in
+// integers (matvec_block.cuh's I16), the arguments, grid and block of the float forms. Why: Nsight Compute on an H200
+// (2026-12-04, 30B-A3B shape) found the float 1-token kernels bound by issue, not memory: matvec3_q4_k_n1 at 8% of
+// DRAM bandwidth, an instruction every 1.9 cycles a scheduler, 13 instructions a weight.
+#define MATVEC16_KERNELS(tag, T)                                                                                    \
+    extern "C" __global__ void MV_BOUNDS_N1(T)                                                                      \
+        matvec16_##tag##_n1(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,            \
+                            const float* norm_w, float eps, const float* resid, float* y) {                          \
+        pdl::launch_dependents();                                                                                    \
+        prefetch_rows(W, row_bytes, R, blockIdx.x);                                                                  \
+        pdl::wait();                                                                                                 \
+        matvec_block<T, 1, 1, true>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, -1);                        \
+    }                                                                                                               \
+    extern "C" __global__ void MV_BOUNDS_N1(T)                                                                      \
+        matvec_swiglu16_##tag##_n1(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,        \
+                                   const float* x, int n, const float* norm_w, float eps, float* y) {               \
+        pdl::launch_dependents();                                                                                   \
+        prefetch_rows(Wg, row_bytes, R, blockIdx.x);                                                                \
+        prefetch_rows(Wu, row_bytes, R, blockIdx.x);                                                                \
+        pdl::wait();                                                                                                \
+        matvec_block<T, 1, 2, true>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, -1);                    \
+    }                                                                                                               \
+    MATVEC3_FORM(matvec3_16_##tag##_n1, T, T, true)
+Q16_FOR_EACH_TYPE(MATVEC16_KERNELS)
+MATVEC3_FORM(matvec3_16_q4_k_q6_k_n1, q::Q4_K, q::Q6_K, true)
 
 // matvec_stream (matvec_stream.cuh): one token through a tall matrix; the quantized common types. _{t}: K <= 2048
 // (8 groups of x a lane, ~100 registers); _{t}_k1024: K <= 1024 (4 groups, 63 registers: twice the warps an SM).

@@ -249,12 +249,12 @@ __device__ __forceinline__ void matvec_block_in(const uint8_t* W0, const uint8_t
 }
 
 // matvec_block_in with its own staging buffer.
-template <int T, int N, int NM>
+template <int T, int N, int NM, bool I16 = false>
 __device__ __forceinline__ void matvec_block(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                              const float* x, int n, const float* norm_w, float eps,
                                              const float* resid, float* y, int blk) {
     __shared__ __align__(16) uint8_t buf[STAGE_BYTES<T, NM>];
-    matvec_block_in<T, N, NM>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk);
+    matvec_block_in<T, N, NM, I16>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk);
 }
 
 }  // namespace mv

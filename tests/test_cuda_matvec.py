@@ -7,6 +7,7 @@ Weights, inputs and exact-size outputs are allocated to the byte, so compute-san
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -49,6 +50,21 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + eps) * w
 
 
+def dotted_x(x: np.ndarray, norm_w: np.ndarray, eps: float, norm: bool, i16: bool) -> np.ndarray:
+    """(n, K) f32 -> the x a kernel dots with, f64: rmsnorm(x) (or x); for a 16-bit form (i16) x times norm_w in
+    float32 rounded as tests/i16.py rounds it, then times the rsqrt scale, as the kernel applies it last."""
+    if not i16:
+        return rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+    s = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + eps) if norm else 1.0
+    return rounded(x * norm_w if norm else x) * s
+
+
+def i16_forms(n: int, *types: GGMLType) -> list[bool]:
+    """The forms a launch of n tokens over these types has: the float one, and for one token of k_matvec.I16_TYPES
+    the 16-bit one (REFLEX_MATVEC_I16)."""
+    return [False, True] if n == 1 and all(t in k_matvec.I16_TYPES for t in types) else [False]
+
+
 def assert_close(got: np.ndarray, ref: np.ndarray, tol: np.ndarray, context: str) -> None:
     assert not np.isnan(got).any(), f"{context}: unwritten (NaN) outputs at {np.argwhere(np.isnan(got))[:8].tolist()}"
     err = np.abs(got - ref)
@@ -83,7 +99,9 @@ def inputs(rng: np.random.Generator, n: int, cols: int) -> tuple[np.ndarray, np.
 @pytest.mark.parametrize("n", range(1, 9))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
-def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) -> None:
+def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int, monkeypatch) -> None:
+    """Every type and token count, with and without the fused RMSNorm and the in-place residual; one token of
+    k_matvec.I16_TYPES in both forms (the 16-bit one against the rounded x)."""
     rows, cols = shape
     needs_blocks(ggml_type, cols)
     rng = np.random.default_rng(seed)
@@ -93,14 +111,17 @@ def test_matvec(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) 
     eps = 1e-6
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
     big_n = k_matvec._bucket(n, ggml_type)
-    for norm in (False, True):
-        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+    for i16, norm in itertools.product(i16_forms(n, ggml_type), (False, True)):
+        monkeypatch.setenv("REFLEX_MATVEC_I16", "1" if i16 else "0")
+        xn = dotted_x(x, norm_w, eps, norm, i16)
         ref = xn @ w.dense.T  # (n, rows)
         tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
-        context = f"{ggml_type.name} {rows}x{cols} n={n} norm={norm} seed={seed}"
+        context = f"{ggml_type.name} {rows}x{cols} n={n} norm={norm} i16={i16} seed={seed}"
 
         y = poisoned((big_n, rows))  # rows of tokens n..big_n-1 must stay untouched
-        run(k_matvec.matvec(w.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))
+        launch = k_matvec.matvec(w.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps)
+        assert launch.name.startswith("matvec.matvec16_" if i16 else "matvec.matvec_"), launch.name
+        run(launch)
         got = y.to_host()
         assert_close(got[:n], ref, tol, context)
         assert_untouched(got[n:], context)
@@ -182,7 +203,7 @@ def test_matvec_stream_refuses() -> None:
 @pytest.mark.parametrize("n", range(1, 9))
 @pytest.mark.parametrize("shape", SHAPES[1:4], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
-def test_matvec_swiglu(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int) -> None:
+def test_matvec_swiglu(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed: int, monkeypatch) -> None:
     rows, cols = shape
     needs_blocks(ggml_type, cols)
     rng = np.random.default_rng(seed)
@@ -190,13 +211,16 @@ def test_matvec_swiglu(ggml_type: GGMLType, shape: tuple[int, int], n: int, seed
     x, norm_w = inputs(rng, n, cols)
     eps = 1e-5
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
-    for norm in (False, True):
-        xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+    for i16, norm in itertools.product(i16_forms(n, ggml_type), (False, True)):
+        monkeypatch.setenv("REFLEX_MATVEC_I16", "1" if i16 else "0")
+        xn = dotted_x(x, norm_w, eps, norm, i16)
         ref, tol = swiglu_reference(xn, wg.dense, wu.dense)
         y = poisoned((n * rows + 7,))  # 7 floats of slack must stay untouched
-        run(k_matvec.matvec_swiglu(wg.dev, wu.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))
+        launch = k_matvec.matvec_swiglu(wg.dev, wu.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps)
+        assert launch.name.startswith("matvec.matvec_swiglu16_" if i16 else "matvec.matvec_swiglu_"), launch.name
+        run(launch)
         got = y.to_host()
-        context = f"{ggml_type.name} {rows}x{cols} n={n} norm={norm} seed={seed}"
+        context = f"{ggml_type.name} {rows}x{cols} n={n} norm={norm} i16={i16} seed={seed}"
         assert_close(got[: n * rows].reshape(n, rows), ref, tol, context)
         assert_untouched(got[n * rows :], context)
 
@@ -208,23 +232,32 @@ MATVEC3_CASES = [(t, t) for t in TYPES if k_matvec.has_matvec3(t)] + sorted(k_ma
     "rows", [(13,), (1024, 67), (4096, 512, 512), (1, 9, 130)], ids=lambda r: "+".join(map(str, r))
 )
 @pytest.mark.parametrize("cols", [256, 2048])
+@pytest.mark.parametrize("i16", [True, False], ids=["i16", "float"])
 @pytest.mark.parametrize("types", MATVEC3_CASES, ids=lambda t: "+".join(sorted({t[0].name, t[1].name})))
-def test_matvec3(types: tuple[GGMLType, GGMLType], cols: int, rows: tuple[int, ...], seed: int) -> None:
-    """One token through up to three matrices in one launch (one type, or two of a and one of b): against NumPy,
-    and bit for bit equal to one matvec launch per matrix; every output exactly its size (slack after each stays
-    poisoned)."""
+def test_matvec3(
+    types: tuple[GGMLType, GGMLType], i16: bool, cols: int, rows: tuple[int, ...], seed: int, monkeypatch
+) -> None:
+    """One token through up to three matrices in one launch (one type, or two of a and one of b; the 16-bit form
+    where the types have it): against NumPy, and bit for bit equal to one matvec launch per matrix (of the same
+    form); every output exactly its size (slack after each stays poisoned)."""
     a, b = types
     if a != b and len(rows) < 3:
         pytest.skip("a pair of types takes three matrices")
+    if i16 and i16 not in i16_forms(1, a, b):
+        pytest.skip("no 16-bit form for these types")
+    monkeypatch.setenv("REFLEX_MATVEC_I16", "1" if i16 else "0")
     rng = np.random.default_rng(seed)
     ws = [Weight(rng, a if m < 2 else b, r, cols) for m, r in enumerate(rows)]
     x, norm_w = inputs(rng, 1, cols)
     d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
-    xn = rmsnorm(x.astype(np.float64), norm_w, 1e-6)
+    xn = dotted_x(x, norm_w, 1e-6, True, i16)
     ys = [poisoned((r + 5,)) for r in rows]
-    run(k_matvec.matvec3([w.dev for w in ws], d_x, ys, norm_w=d_norm, eps=1e-6))
+    launch = k_matvec.matvec3([w.dev for w in ws], d_x, ys, norm_w=d_norm, eps=1e-6)
+    assert launch.name.startswith("matvec.matvec3_16_" if i16 else "matvec.matvec3_"), launch.name
+    assert i16 or not launch.name.startswith("matvec.matvec3_16_"), launch.name
+    run(launch)
     for m, (w, y) in enumerate(zip(ws, ys, strict=True)):
-        context = f"{w.dev.tag} rows={rows} K={cols} matrix {m} seed={seed}"
+        context = f"{w.dev.tag} rows={rows} K={cols} {launch.name} matrix {m} seed={seed}"
         got = y.to_host()
         tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
         assert_close(got[None, : w.dev.rows], xn @ w.dense.T, tol, context)
@@ -250,7 +283,9 @@ def test_matvec3_rejects_mixed_matrices() -> None:
         k_matvec.matvec3([w], x, [DeviceArray(0x3000, (1, 8), "f4", False)])
 
 
-@pytest.mark.parametrize(("cols", "n"), [(512, 3), (2048, 3), (2048, 6)], ids=["K512-n3", "K2048-n3", "K2048-n6"])
+@pytest.mark.parametrize(
+    ("cols", "n"), [(512, 3), (2048, 3), (2048, 6), (2048, 1)], ids=["K512-n3", "K2048-n3", "K2048-n6", "K2048-n1"]
+)
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_matvec_exact_buffers(ggml_type: GGMLType, cols: int, n: int, seed: int) -> None:
     """Every buffer exactly its needed size, a partial last block (13 rows), n below the kernel's N, all options on,
@@ -263,7 +298,7 @@ def test_matvec_exact_buffers(ggml_type: GGMLType, cols: int, n: int, seed: int)
     x, norm_w = inputs(rng, n, cols)
     resid = rng.normal(size=(n, rows)).astype(np.float32)
     d_x, d_norm, d_resid = DeviceArray.from_host(x), DeviceArray.from_host(norm_w), DeviceArray.from_host(resid)
-    xn = rmsnorm(x.astype(np.float64), norm_w, 1e-6)
+    xn = dotted_x(x, norm_w, 1e-6, True, i16_forms(n, ggml_type)[-1] and dispatch.matvec_i16())
     y = poisoned((n, rows))
     run(k_matvec.matvec(w.dev, d_x, n, y, norm_w=d_norm, eps=1e-6, resid=d_resid))
     tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-7 * np.abs(resid)
@@ -339,10 +374,13 @@ def test_wrappers_reject_bad_buffers() -> None:
 def test_every_one_token_matvec_streamed_matches_the_cpu_backend(name: str, monkeypatch) -> None:
     """With dispatch.STREAM_MIN_ROWS at 1, every one-token matvec of a stream type and K <= 2048 (the projections as
     well as the LM head, whose fixtures are too small for the real rule) takes matvec_stream: a model's decode steps
-    still match the CPU backend as closely as the block matvec's do (1e-4 of the largest logit)."""
+    still match the CPU backend as closely as the block matvec's do (1e-4 of the largest logit). The other 1-token
+    kernels take their float forms here (REFLEX_MATVEC_I16=0): their 16-bit forms round x (tests above), and the
+    model tests hold them to DESIGN.md's quantized-file tolerance against llama.cpp's fixtures instead."""
     from engine.engine import Engine
     from tests import conformance
 
+    monkeypatch.setenv("REFLEX_MATVEC_I16", "0")
     monkeypatch.setattr(dispatch, "STREAM_MIN_ROWS", 1)
     chosen: list[bool] = []
     rule = dispatch.use_stream

@@ -103,6 +103,13 @@ def mixed_matvec3() -> bool:
     return os.environ.get("REFLEX_MATVEC3_MIXED", "1") != "0"
 
 
+def matvec_i16() -> bool:
+    """Whether the 1-token matvec, SwiGLU and q/k/v kernels of k_matvec.I16_TYPES round x to 16 bits a group of 8 and
+    dot in integers (kernels/quant_i16.cuh) rather than in float (REFLEX_MATVEC_I16=0, for comparisons). Why:
+    kernels/matvec.cu, the 16-bit forms."""
+    return os.environ.get("REFLEX_MATVEC_I16", "1") != "0"
+
+
 def use_matvec(n: int) -> bool:
     """Whether n tokens go through matvec passes (True) or the tiled GEMM (False)."""
     return n <= MATVEC_MAX

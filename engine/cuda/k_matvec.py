@@ -26,6 +26,9 @@ STREAM_TYPES = frozenset(
 STREAM_THREADS, STREAM_ROWS_PER_BLOCK = 128, 64
 # matvec_stream16_{t}: x rounded to 16 bits and dotted in integers (kernels/quant_i16.cuh); dispatch.stream_i16 decides
 STREAM16_TYPES = frozenset({GGMLType.Q6_K, GGMLType.Q8_0})
+# matvec16_{t}_n1, matvec_swiglu16_{t}_n1, matvec3_16_{t}_n1 (and _q4_k_q6_k): the 1-token kernels with x rounded to
+# 16 bits (kernels/quant_i16.cuh's types); dispatch.matvec_i16 decides
+I16_TYPES = frozenset({GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0})
 
 
 # matvec3_{a}_{b}_n1 (kernels/matvec.cu): the first two matrices of type a, the third of type b
@@ -58,6 +61,11 @@ def _bucket(n: int, ggml_type: int) -> int:
         if 1 <= n <= b:
             return b
     raise CudaError(f"matvec takes 1 to {TOKEN_BUCKETS[-1]} tokens, got {n}")
+
+
+def _i16(n: int, types: list[int]) -> str:
+    """The name's mark of the 16-bit form ("16") where a 1-token launch over these types takes it, else ""."""
+    return "16" if n == 1 and all(t in I16_TYPES for t in types) and dispatch.matvec_i16() else ""
 
 
 def _blocks(count: int, per_block: int) -> int:
@@ -95,7 +103,7 @@ def matvec(
         args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), ptr(norm_w), f32(eps), ptr(resid),
                 ptr(y)]  # fmt: skip
         return Launch(fn, (_blocks(w.rows, STREAM_ROWS_PER_BLOCK),), (STREAM_THREADS,), args)
-    fn = driver.module("matvec").fn(f"matvec_{w.tag}_n{big_n}")
+    fn = driver.module("matvec").fn(f"matvec{_i16(big_n, [w.ggml_type])}_{w.tag}_n{big_n}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
             ptr(y)]  # fmt: skip
     return Launch(fn, (_blocks(w.rows, ROWS_PER_BLOCK),), (THREADS,), args)
@@ -130,7 +138,7 @@ def matvec3(
     rows = [w.rows for w in ws] + [0] * pad
     outs = [*ys] + [ys[0]] * pad
     tags = w0.tag if len(set(types)) == 1 else f"{w0.tag}_{ws[2].tag}"
-    fn = driver.module("matvec").fn(f"matvec3_{tags}_n1")
+    fn = driver.module("matvec").fn(f"matvec3{'_16' if _i16(1, types) else ''}_{tags}_n1")
     args = [*(ptr(p) for p in ptrs), *(i64(b) for b in row_bytes), *(i32(r) for r in rows), i32(w0.cols), ptr(x),
             ptr(norm_w), f32(eps), *(ptr(y) for y in outs)]  # fmt: skip
     return Launch(fn, (sum(_blocks(r, ROWS_PER_BLOCK) for r in rows),), (THREADS,), args)
@@ -152,7 +160,7 @@ def matvec_swiglu(
     need(y, "y", "f4", n * wg.rows)
     if norm_w is not None:
         need(norm_w, "norm_w", "f4", wg.cols, aligned=True)
-    fn = driver.module("matvec").fn(f"matvec_swiglu_{wg.tag}_n{big_n}")
+    fn = driver.module("matvec").fn(f"matvec_swiglu{_i16(big_n, [wg.ggml_type])}_{wg.tag}_n{big_n}")
     args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(x), i32(n), ptr(norm_w),
             f32(eps), ptr(y)]  # fmt: skip
     return Launch(fn, (_blocks(wg.rows, ROWS_PER_BLOCK),), (THREADS,), args)
