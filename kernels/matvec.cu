@@ -171,7 +171,12 @@ MATVEC3_KERNEL(matvec3_q4_k_q5_k_n1, q::Q4_K, q::Q5_K)
 // matvec3_16_q4_k_q6_k_n1; t in quant_i16.cuh's types): x times norm_w rounded to 16 bits a group of 8 and dotted in
 // integers (matvec_block.cuh's I16), the arguments, grid and block of the float forms. Why: Nsight Compute on an H200
 // (2026-12-04, 30B-A3B shape) found the float 1-token kernels bound by issue, not memory: matvec3_q4_k_n1 at 8% of
-// DRAM bandwidth, an instruction every 1.9 cycles a scheduler, 13 instructions a weight.
+// DRAM bandwidth, an instruction every 1.9 cycles a scheduler, 13 instructions a weight. On an H200 (2026-12-04,
+// engine profile, two rounds) the 30B-A3B shape's 4-layer step 0.3248 -> 0.3173 ms, the 0.6B shape's 0.8935 ->
+// 0.8560; full decode 361.5 -> 372.3 and 1084 -> 1120 tok/s. The matvec and SwiGLU forms keep MV_BOUNDS_N1: asking
+// for 3 or 4 blocks an SM (80 or 64 registers, no spills) made the 0.6B SwiGLU launch 6.4 -> 5.5 us but its step
+// 0.856 -> 0.878 (3) and 1.005 ms (4), the 30B-A3B step 0.317 -> 0.327 and 0.336: blocks that fill the SMs leave no
+// room for the next kernel's to start early.
 #define MATVEC16_KERNELS(tag, T)                                                                                    \
     extern "C" __global__ void MV_BOUNDS_N1(T)                                                                      \
         matvec16_##tag##_n1(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,            \

@@ -369,7 +369,11 @@ def gemm_tolerance(ggml_type: GGMLType, swiglu: bool) -> tuple[float, float]:
 def assert_rows_close(got: np.ndarray, ref: np.ndarray, tol: tuple[float, float], context: str) -> None:
     assert not np.isnan(got).any(), f"{context}: unwritten (NaN) outputs at {np.argwhere(np.isnan(got))[:8].tolist()}"
     err = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
-    assert err.max() <= tol[0] and np.median(err) <= tol[1], (
+    # tol[1] bounds the typical row, so it needs rows to take a median of: one or two rows are each held to tol[0],
+    # the bound for a row with a few 16-bit roundings gone the other way (check_ffn). (test_moe_ffn[qwen3-30b-q4_k-1],
+    # MOE_SEED=4715804522605291307: its one row at 2.12e-5 against a median bound of 2e-5, on an H200, 2026-12-04.)
+    typical = np.median(err) if err.size >= 3 else 0.0
+    assert err.max() <= tol[0] and typical <= tol[1], (
         f"{context}: worst row {int(np.argmax(err))} at {err.max():.3g}, median {np.median(err):.3g}"
     )
 
