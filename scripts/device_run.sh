@@ -13,6 +13,8 @@
 #   profile    engine profile --repeats 50 per model named in PROFILE_MODELS (default: the 4-layer MoE / MLA shapes)
 #   longctx    scripts/bench_long_context.py per model named in LONGCTX_MODELS (f32 and f16 K/V caches, decode step
 #              against the context length: 0.6B shape to its 40,959 positions, the hybrid to 65,535)
+#   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
+#              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel
 # Usage: STAGES="tests bench" scripts/device_run.sh
 # Detached, for runs longer than one command (logs in RESULTS instead of $OUT, which each command empties):
 #   RESULTS=/tmp/res STAGES="llamacpp models tests peer" setsid scripts/device_run.sh > /tmp/run.log 2>&1 &
@@ -102,6 +104,12 @@ for stage in $STAGES; do
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1], r['step_ms'], 'ms a step')" \
           "$OUT/profile_$m.json"
       done ;;
+    ncu)
+      m=${NCU_MODEL:-bench/models/qwen3-0.6b-shaped-q4_k_m.gguf}
+      timeout "${NCU_TIMEOUT:-200}" ncu --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-40}" \
+        -k "${NCU_KERNELS:-regex:.}" --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats python3 -m engine profile "$m" --repeats 2 > "$OUT/ncu.txt" 2>&1
+      echo "ncu exit $?"; python3 scripts/ncu_table.py "$OUT/ncu.txt" --by-kernel ;;
   esac
   status=$?  # the stage's last command (a stage that loops over models keeps its first failure in stage_exit)
   echo "$stage exit $((stage_exit ? stage_exit : status))" >> "$OUT/progress"
