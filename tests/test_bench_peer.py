@@ -85,6 +85,7 @@ def test_bench_with_peer_and_plot(tmp_path):
     for job in ("system1", "generate"):
         assert report["cold"][job]["external_wall_ms"]["n"] == 2
         assert report["cold"][job]["prepare_cache_used"] is prepared
+        assert report["cold"][job]["bytecode_compiled"] is True  # as the worker image's build compiles it
     assert ("without its prepare cache" in p.stderr) is not prepared
     ratios = report["ours_vs_peer"]
     decode = report["warm"]["decode"]["tokens_per_s"]
