@@ -26,9 +26,10 @@ OUT="${RESULTS:-${OUT:-device-out}}"
 mkdir -p "$OUT"
 STAGES="${STAGES:-tests}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
+# Bytecode compiled at install (no --no-compile), as an image's pip install writes it: cold runs import it.
 for d in .whl .whl-worker; do  # once per machine: several stages may run at once, detached
   [ -d $d ] && [ ! -f /tmp/site/.installed$d ] || continue
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $d/*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site $d/*.whl \
     > "$OUT/pip$d.log" 2>&1 || { cat "$OUT/pip$d.log"; exit 1; }
   touch /tmp/site/.installed$d
 done

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         help="queue mode against a fake platform, through this job loop (default: --test_input mode)",
     )
     args = ap.parse_args(argv)
+    bench.compile_bytecode()  # the engine's bytecode, as the worker image's build writes it
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.backend:
         env["REFLEX_BACKEND"] = args.backend

@@ -137,7 +137,7 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> t
         "generate": [sys.executable, "-m", "engine", "generate", model, SYSTEM1_PROMPT, "--max-tokens", "1", *extra],
     }
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    compiled = _compile_bytecode()
+    compiled = compile_bytecode()
     ours: dict[str, dict[str, list[float]]] = {name: {} for name in jobs}
     theirs: dict[str, list[float]] = {}
     prepared = True
@@ -163,7 +163,7 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> t
     return summary, ({k: _summary(v) for k, v in theirs.items()} if peer is not None else None)
 
 
-def _compile_bytecode() -> bool:
+def compile_bytecode() -> bool:
     """Write the engine package's bytecode as the worker image's build does (Dockerfile: compileall), so a cold run
     imports it instead of compiling every module's source, which it would on each run where bytecode is not written
     on import (PYTHONDONTWRITEBYTECODE) or into a fresh tree; whether every module compiled (False: a read-only tree,
