@@ -93,24 +93,26 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 #define MV_BOUNDS_LOWBIT(T) __launch_bounds__(THREADS, T == q::IQ3_XXS ? 2 : 3)
 #endif
 
-#define MATVEC_N(tag, T, N, BOUNDS)                                                                                 \
+// matvec{form}_{t}_n{N} and matvec_swiglu{form}_{t}_n{N}: form empty (float dots) or 16 (I16, 1 token; below).
+#define MATVEC_FORM(tag, T, N, BOUNDS, FORM, I16)                                                                   \
     extern "C" __global__ void BOUNDS                                                                               \
-        matvec_##tag##_n##N(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,             \
-                            const float* norm_w, float eps, const float* resid, float* y) {                          \
+        matvec##FORM##_##tag##_n##N(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,     \
+                                    const float* norm_w, float eps, const float* resid, float* y) {                 \
         pdl::launch_dependents();                                                                                    \
         prefetch_rows(W, row_bytes, R, blockIdx.x);                                                                  \
         pdl::wait();                                                                                                 \
-        matvec_block<T, N, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, -1);                              \
+        matvec_block<T, N, 1, I16>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, -1);                         \
     }                                                                                                               \
     extern "C" __global__ void BOUNDS                                                                               \
-        matvec_swiglu_##tag##_n##N(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,        \
-                                   const float* x, int n, const float* norm_w, float eps, float* y) {               \
+        matvec_swiglu##FORM##_##tag##_n##N(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,\
+                                           const float* x, int n, const float* norm_w, float eps, float* y) {       \
         pdl::launch_dependents();                                                                                   \
         prefetch_rows(Wg, row_bytes, R, blockIdx.x);                                                                \
         prefetch_rows(Wu, row_bytes, R, blockIdx.x);                                                                \
         pdl::wait();                                                                                                \
-        matvec_block<T, N, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, -1);                          \
+        matvec_block<T, N, 2, I16>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, -1);                     \
     }
+#define MATVEC_N(tag, T, N, BOUNDS) MATVEC_FORM(tag, T, N, BOUNDS, , false)
 
 #define GATHER_DOT(tag, T, BOUNDS)                                                                                  \
     extern "C" __global__ void BOUNDS                                                                               \
@@ -177,25 +179,8 @@ MATVEC3_KERNEL(matvec3_q4_k_q5_k_n1, q::Q4_K, q::Q5_K)
 // for 3 or 4 blocks an SM (80 or 64 registers, no spills) made the 0.6B SwiGLU launch 6.4 -> 5.5 us but its step
 // 0.856 -> 0.878 (3) and 1.005 ms (4), the 30B-A3B step 0.317 -> 0.327 and 0.336: blocks that fill the SMs leave no
 // room for the next kernel's to start early.
-#define MATVEC16_KERNELS(tag, T)                                                                                    \
-    extern "C" __global__ void MV_BOUNDS_N1(T)                                                                      \
-        matvec16_##tag##_n1(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,            \
-                            const float* norm_w, float eps, const float* resid, float* y) {                          \
-        pdl::launch_dependents();                                                                                    \
-        prefetch_rows(W, row_bytes, R, blockIdx.x);                                                                  \
-        pdl::wait();                                                                                                 \
-        matvec_block<T, 1, 1, true>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, -1);                        \
-    }                                                                                                               \
-    extern "C" __global__ void MV_BOUNDS_N1(T)                                                                      \
-        matvec_swiglu16_##tag##_n1(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,        \
-                                   const float* x, int n, const float* norm_w, float eps, float* y) {               \
-        pdl::launch_dependents();                                                                                   \
-        prefetch_rows(Wg, row_bytes, R, blockIdx.x);                                                                \
-        prefetch_rows(Wu, row_bytes, R, blockIdx.x);                                                                \
-        pdl::wait();                                                                                                \
-        matvec_block<T, 1, 2, true>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, -1);                    \
-    }                                                                                                               \
-    MATVEC3_FORM(matvec3_16_##tag##_n1, T, T, true)
+#define MATVEC16_KERNELS(tag, T) \
+    MATVEC_FORM(tag, T, 1, MV_BOUNDS_N1(T), 16, true) MATVEC3_FORM(matvec3_16_##tag##_n1, T, T, true)
 Q16_FOR_EACH_TYPE(MATVEC16_KERNELS)
 MATVEC3_FORM(matvec3_16_q4_k_q6_k_n1, q::Q4_K, q::Q6_K, true)
 
