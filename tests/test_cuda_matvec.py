@@ -151,11 +151,7 @@ def check_stream(ggml_type: GGMLType, shape: tuple[int, int], seed: int, form: s
     for norm in (False, True):
         launch = k_matvec.matvec(w.dev, d_x, 1, poisoned((1, rows)), norm_w=d_norm if norm else None, stream=True)
         assert launch.name.startswith(f"matvec.matvec_{form}_"), launch.name
-        if form == "stream16":
-            s = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) if norm else 1.0
-            xn = rounded(x * norm_w if norm else x) * s  # rounded as the kernel does: x * norm_w in float32
-        else:
-            xn = rmsnorm(x.astype(np.float64), norm_w, eps) if norm else x.astype(np.float64)
+        xn = dotted_x(x, norm_w, eps, norm, form == "stream16")
         ref = xn @ w.dense.T
         tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
         context = f"{form} {ggml_type.name} {rows}x{cols} norm={norm} seed={seed}"

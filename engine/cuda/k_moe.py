@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
 from engine.cuda.k_gemm import _need_weight
+from engine.cuda.k_matvec import I16_TYPES  # quant_i16.cuh's dot8 types, the 16-bit expert forms' too
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight
 from engine.errors import CudaError
 from engine.quants import GGMLType
@@ -35,7 +36,6 @@ STAGED_DOWN_ROWS, STAGED_DOWN_BYTES, STAGED_DOWN_PAIRS = 8, 43008, 4
 TILE = 64  # rows (and weight rows) of a grouped-GEMM tile: gemm_tile.cuh's BM and BN
 GEMM_THREADS = 128
 MAX_GRID_Y = 65535
-I16_TYPES = frozenset({GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0})  # quant_i16.cuh's dot8
 
 
 @dataclass(frozen=True)
