@@ -180,11 +180,96 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
     __syncthreads();
 }
 
+// The sub-block form of partial_dots (1 token, I16, q16::SUB<T>, K <= SUB_MAX_K): x times norm_w is rounded to
+// 16-bit groups once for the whole block, into shared memory (a group or two a thread, their sums of squares
+// alongside); then thread j of a slice takes the whole 32-value sub-blocks j, j + span, ... of its RPT = 8 / S rows
+// (quant_i16.cuh, dot32), reading each sub-block's 4 groups once for all RPT rows and decoding each row's scales once
+// a sub-block instead of once a group: the group form's thread takes one group of all 8 rows, and its ~50
+// instructions for 8 weights of Q4_K (sm_90 SASS) are mostly the scales'. Warp sums as partial_dots' (red); the
+// squares in red_ss[warp] for all 8 warps (finish's SS_ALL).
+// Group g = 4 j + i is kept at [i][j], so that a warp's loads of group i of 32 consecutive sub-blocks are
+// consecutive. x's groups live at namespace scope: one allocation a kernel, however many forms it inlines.
+constexpr int SUB_MAX_K = 4096, SUB_MAX_SB = SUB_MAX_K / 32;
+__shared__ uint4 sub_xq[4 * SUB_MAX_SB];      // [i][j]: group 4 j + i's values, rounded (q16::Group's p)
+__shared__ q16::Meta sub_xm[4 * SUB_MAX_SB];  // [i][j]: its step and sum
+
+template <int T, int NM, int S>
+__device__ __forceinline__ void partial_dots_sub(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+                                                 long long row_bytes, int R, int K, const float* __restrict__ x,
+                                                 const float* __restrict__ norm_w, float* red, float* red_ss,
+                                                 uint8_t* buf, int blk) {
+    constexpr int TEAM = THREADS / NM, SPAN = TEAM / S, RPT = ROWS / S;
+    static_assert(SPAN % 32 == 0, "a slice is whole warps");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tt = tid % TEAM;
+    const int b = blk < 0 ? int(blockIdx.x) : blk, row0 = b * ROWS + (tt / SPAN) * RPT;  // this slice's first row
+    const uint8_t* W = (NM == 2 && tid >= TEAM) ? W1 : W0;
+    const int G = K >> 3, SB = K >> 5;
+    constexpr int P = STAGE_PITCH<T>, NG = P / 16;  // granules a staged row; buf: [matrix * ROWS + row][P]
+    const bool staged = G <= CHUNK_GROUPS;
+    if (staged) {
+        const int nb = int(row_bytes);
+        for (int i = tid; i < NM * ROWS * NG; i += THREADS) {
+            const int s = i / NG;  // the staged row: matrix s / ROWS, row b * ROWS + s % ROWS
+            const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(b * ROWS + s % ROWS, R - 1) * row_bytes;
+            stage::granule(buf + s * P, src, nb, i - s * NG);
+        }
+    }
+    float ss = 0.f;
+    for (int g = tid; g < G; g += THREADS) {
+        float xv[8];
+        cm::load8f(x + 8 * g, xv);
+        if (norm_w) {
+            float nw[8];
+            cm::load8f(norm_w + 8 * g, nw);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                ss = fmaf(xv[k], xv[k], ss);
+                xv[k] *= nw[k];
+            }
+        }
+        const q16::Group a = q16::quantize8(xv);
+        const int at = (g & 3) * SUB_MAX_SB + (g >> 2);
+        sub_xq[at] = make_uint4(a.p[0], a.p[1], a.p[2], a.p[3]);
+        sub_xm[at] = q16::Meta{a.s, a.qsum};
+    }
+    if (staged) stage::wait();
+    __syncthreads();
+    const uint8_t* rp[RPT];  // the slice's rows (clamped to the last row of the matrix), staged or in global memory
+    const int s0 = (NM == 2 && tid >= TEAM ? ROWS : 0) + row0 - b * ROWS;  // the slice's first staged row
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+        const uint8_t* src = W + (long long)min(row0 + r, R - 1) * row_bytes;
+        rp[r] = staged ? stage::landed(buf + (s0 + r) * P, src) : src;
+    }
+    float acc[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) acc[r] = 0.f;
+    for (int j = tt % SPAN; j < SB; j += SPAN) {
+        q16::Group a[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 v = sub_xq[i * SUB_MAX_SB + j];
+            const q16::Meta m = sub_xm[i * SUB_MAX_SB + j];
+            a[i] = q16::Group{{v.x, v.y, v.z, v.w}, m.s, m.qsum};
+        }
+        const float xs = q16::sub_xs(a);
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) acc[r] += q16::dot32<T>(rp[r], j, a, xs);
+    }
+    cm::warp_reduce_scatter(acc);  // lane L holds the warp's total of value L / (32 / RPT)
+    if (lane % (32 / RPT) == 0) red[warp * RPT + lane / (32 / RPT)] = acc[0];
+    if (norm_w) {
+        ss = cm::warp_sum(ss);
+        if (lane == 0) red_ss[warp] = ss;
+    }
+    __syncthreads();
+}
+
 // Thread i < 8 * N finishes output (token i / 8, row 8 * blk + i % 8) from the warps' totals: the row's
 // slice is warps [m * WT + s * WS, +WS) of team m (WT warps a team, WS a slice); sums of squares come from the warps
-// of team 0, slice 0, which together covered every group of x once. yq (SwiGLU, N = 1, R % 8 == 0): the 8 outputs,
-// one group, rounded to 16 bits into yq[row] and ym[row / 8] (quant_i16.cuh) instead of y.
-template <int N, int NM, int S>
+// of team 0, slice 0, which together covered every group of x once (SS_ALL: from all 8 warps). yq (SwiGLU, N = 1,
+// R % 8 == 0): the 8 outputs, one group, rounded to 16 bits into yq[row] and ym[row / 8] (quant_i16.cuh) instead of y.
+template <int N, int NM, int S, bool SS_ALL = false>
 __device__ __forceinline__ void finish(int R, int K, int n, const float* norm_w, float eps, const float* resid,
                                        float* y, const float* red, const float* red_ss, int blk,
                                        int16_t* yq = nullptr, q16::Meta* ym = nullptr) {
@@ -202,7 +287,7 @@ __device__ __forceinline__ void finish(int R, int K, int n, const float* norm_w,
     if (norm_w) {
         float q = 0.f;
 #pragma unroll
-        for (int w = 0; w < WS; ++w) q += red_ss[w * N + t];
+        for (int w = 0; w < (SS_ALL ? 8 : WS); ++w) q += red_ss[w * N + t];
         s = rsqrtf(q / float(K) + eps);
     }
     const long long o = (long long)t * R + row;  // y[t, row]
@@ -234,6 +319,19 @@ __device__ __forceinline__ void matvec_sliced(const uint8_t* W0, const uint8_t* 
 // Rows [8 * blk, +8) of the matrix (blk: the block's index among those of this matrix; -1: blockIdx.x, read where it
 // is used, so a plain launch keeps no register for it). buf: STAGE_BYTES<T, NM> of shared memory, 16-byte aligned.
 // I16: integer dots with x rounded to 16 bits (q16::HAS<T>); yq, ym: finish's 16-bit output.
+// The sub-block form: rows [8 * blk, +8) through partial_dots_sub and finish, with S = 4 slices (2 rows a thread for
+// one matrix, 1 for two), or 8 (a row a thread) where 32 threads have a sub-block each. 4 rows a thread spilled under
+// the 64-register bounds of matvec3 and the MoE gate/up (sm_90, nvcc 13.0).
+template <int T, int NM, int S>
+__device__ __forceinline__ void matvec_sub(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
+                                           const float* x, const float* norm_w, float eps, const float* resid,
+                                           float* y, uint8_t* buf, int blk, int16_t* yq, q16::Meta* ym) {
+    __shared__ float red[8 * ROWS];  // [warp][row of the slice]
+    __shared__ float red_ss[8];      // [warp]
+    partial_dots_sub<T, NM, S>(W0, W1, row_bytes, R, K, x, norm_w, red, red_ss, buf, blk);
+    finish<1, NM, S, true>(R, K, 1, norm_w, eps, resid, y, red, red_ss, blk, yq, ym);
+}
+
 template <int T, int N, int NM, bool I16 = false>
 __device__ __forceinline__ void matvec_block_in(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R,
                                                 int K, const float* x, int n, const float* norm_w, float eps,
@@ -242,6 +340,15 @@ __device__ __forceinline__ void matvec_block_in(const uint8_t* W0, const uint8_t
     // N = 8 with 8 rows a thread needs 230-255 registers; Q5_K swiglu spilled there (sm_75/86/89, nvcc 13.0), so
     // Q5_K halves its rows instead (about 1.5x slower at N = 8: x is then read by both slices).
     constexpr bool N8_SPLIT = N == 8 && T == q::Q5_K;
+    if constexpr (N == 1 && I16 && q16::SUB<T>) {
+        if (K <= SUB_MAX_K) {
+            if (NM == 1 && THREADS / 8 >= (K >> 5))  // a slice of 32 threads has a sub-block each
+                matvec_sub<T, NM, 8 / NM>(W0, W1, row_bytes, R, K, x, norm_w, eps, resid, y, buf, blk, yq, ym);
+            else
+                matvec_sub<T, NM, 4>(W0, W1, row_bytes, R, K, x, norm_w, eps, resid, y, buf, blk, yq, ym);
+            return;
+        }
+    }
     if (N8_SPLIT || (N < 8 && 2 * (K >> 3) <= THREADS / NM))
         matvec_sliced<T, N, NM, 2, I16>(W0, W1, row_bytes, R, K, x, n, norm_w, eps, resid, y, buf, blk, yq, ym);
     else if constexpr (!N8_SPLIT)

@@ -171,29 +171,49 @@ __device__ __forceinline__ void down_staged(const uint8_t* W, long long row_byte
         const int s = i / NG, r = s / k;
         stage::granule(buf + s * P, src(r, s - r * k), nb, i - s * NG);
     }
-    const int G = K >> 3, total = k * G;
+    const int G = K >> 3;
     const long long item0 = (long long)t * k;  // the token's first item
-    q16::Group a[NP];
-#pragma unroll
-    for (int u = 0; u < NP; ++u) {  // in flight beside the copies
-        const int p = min(tid + MV_THREADS * u, total - 1), j = p / G, g = p - j * G;
-        a[u] = q16::load(hq + (item0 + j) * K + 8 * g, hm + (item0 + j) * G + g);
-    }
-    stage::wait();
-    __syncthreads();
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+    if constexpr (q16::SUB<T>) {
+        // The sub-block form (quant_i16.cuh, dot32): thread u < k * K / 32 takes sub-block u % (K / 32) of slot
+        // u / (K / 32) (k * K / 8 <= NP * 256 groups, k_moe.staged_down: a thread for each), its 4 groups of h
+        // loaded beside the copies, against each of the 8 rows.
+        const int SB = K >> 5, j = min(tid / SB, k - 1), sb = tid % SB;
+        q16::Group a[4];
 #pragma unroll
-    for (int u = 0; u < NP; ++u) {
-        const int p = tid + MV_THREADS * u;
-        if (p < total) {
-            const int j = p / G, g = p - j * G;
-            const float ws = wt[j] * a[u].s;
+        for (int i = 0; i < 4; ++i)
+            a[i] = q16::load(hq + (item0 + j) * K + 8 * (4 * sb + i), hm + (item0 + j) * G + 4 * sb + i);
+        stage::wait();
+        __syncthreads();
+        if (tid < k * SB) {
+            const float xs = q16::sub_xs(a), ws = wt[j];
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                const uint8_t* rp = stage::landed(buf + (r * k + j) * P, src(r, j));
-                acc[r] = fmaf(ws, q16::dot8<T>(rp, g, a[u]), acc[r]);
+            for (int r = 0; r < ROWS; ++r)
+                acc[r] = ws * q16::dot32<T>(stage::landed(buf + (r * k + j) * P, src(r, j)), sb, a, xs);
+        }
+    } else {
+        const int total = k * G;
+        q16::Group a[NP];
+#pragma unroll
+        for (int u = 0; u < NP; ++u) {  // in flight beside the copies
+            const int p = min(tid + MV_THREADS * u, total - 1), j = p / G, g = p - j * G;
+            a[u] = q16::load(hq + (item0 + j) * K + 8 * g, hm + (item0 + j) * G + g);
+        }
+        stage::wait();
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < NP; ++u) {
+            const int p = tid + MV_THREADS * u;
+            if (p < total) {
+                const int j = p / G, g = p - j * G;
+                const float ws = wt[j] * a[u].s;
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const uint8_t* rp = stage::landed(buf + (r * k + j) * P, src(r, j));
+                    acc[r] = fmaf(ws, q16::dot8<T>(rp, g, a[u]), acc[r]);
+                }
             }
         }
     }

@@ -154,4 +154,46 @@ __device__ __forceinline__ float dot8<Q5_0>(const uint8_t* row, int g, const Gro
     return q::h2f(b) * float(idot8(a, v0, v1) - 16 * a.qsum);
 }
 
+// The sub-block form (matvec_block.cuh's 1-token kernels): one row's values [32 j, 32 j + 32) (its sub-block j, 8 to
+// a K-quant block) against 4 groups of x at once, the row's scales decoded once for the 4 (dot8 decodes them for each
+// group). SUB<T>: the types that have it. xs = sum_i a[i].s * a[i].qsum, an x-only term each thread forms once for
+// all its rows. The result is in units of x (each group's step applied), unlike dot8's.
+template <int T>
+constexpr bool SUB = T == Q4_K;
+
+__device__ __forceinline__ float sub_xs(const Group (&a)[4]) {
+    float xs = a[0].s * float(a[0].qsum);
+#pragma unroll
+    for (int i = 1; i < 4; ++i) xs = fmaf(a[i].s, float(a[i].qsum), xs);
+    return xs;
+}
+
+template <int T>
+__device__ __forceinline__ float dot32(const uint8_t* row, int j, const Group (&a)[4], float xs);
+
+// Q4_K: sub-block j of a block is the low (j even) or high nibbles of its 32 bytes qs[32 (j / 2), +32), 16-byte
+// aligned (the row is; 144 = 9 * 16). sum = d * sc * sum_i s_i n_i - dmin * m * xs.
+template <>
+__device__ __forceinline__ float dot32<Q4_K>(const uint8_t* row, int j, const Group (&a)[4], float xs) {
+    const uint8_t* b = row + (j >> 3) * q::Quant<Q4_K>::BYTES;
+    const int jj = j & 7, shift = 4 * (jj & 1);
+    const uint8_t* s = b + 4;  // as dot8<Q4_K>
+    const int x = s[jj], y = s[jj + 4], z = s[jj & 3];
+    const bool lo = jj < 4;
+    const int sc = lo ? (x & 63) : ((y & 0xF) | ((z >> 6) << 4));
+    const int m = lo ? (y & 63) : ((y >> 4) | ((x >> 6) << 4));
+    const uint4* w = reinterpret_cast<const uint4*>(b + 16 + 32 * (jj >> 1));
+    const uint4 w0 = w[0], w1 = w[1];
+    const uint32_t k = 0x0F0F0F0Fu;
+    const int n0 = idot8(a[0], (w0.x >> shift) & k, (w0.y >> shift) & k);
+    const int n1 = idot8(a[1], (w0.z >> shift) & k, (w0.w >> shift) & k);
+    const int n2 = idot8(a[2], (w1.x >> shift) & k, (w1.y >> shift) & k);
+    const int n3 = idot8(a[3], (w1.z >> shift) & k, (w1.w >> shift) & k);
+    float t = a[0].s * float(n0);
+    t = fmaf(a[1].s, float(n1), t);
+    t = fmaf(a[2].s, float(n2), t);
+    t = fmaf(a[3].s, float(n3), t);
+    return fmaf(q::h2f(b) * float(sc), t, -q::h2f(b + 2) * float(m) * xs);
+}
+
 }  // namespace q16
