@@ -125,16 +125,20 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 // On sm_90 matvec3 asks for 4 blocks an SM (at most 64 registers; F32's spilled 104 bytes there and keeps 1): measured
 // on an H200 (30B-A3B shape, q/k/v of 5120 rows in 640 blocks) 9.23 -> 8.62 us a launch, full decode 327.8 -> 340.3
 // tok/s.
+// The 16-bit Q4_K q/k with Q6_K v asks for 3 there: at 4, 4 bytes spilled (sm_90, nvcc 13.0) once the Q4_K blocks
+// took the sub-block form (matvec_block.cuh).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
 #define MATVEC3_MIN_BLOCKS(T) (T == q::F32 ? 1 : 4)
+#define MATVEC3_16_MIXED_BLOCKS 3
 #else
 #define MATVEC3_MIN_BLOCKS(T) 1
+#define MATVEC3_16_MIXED_BLOCKS 1
 #endif
-#define MATVEC3_KERNEL(name, TA, TB) MATVEC3_FORM(name, TA, TB, false)
-#define MATVEC3_FORM(name, TA, TB, I16)                                                                             \
-    extern "C" __global__ void __launch_bounds__(THREADS, MATVEC3_MIN_BLOCKS(TA) < MATVEC3_MIN_BLOCKS(TB)          \
-                                                              ? MATVEC3_MIN_BLOCKS(TA)                             \
-                                                              : MATVEC3_MIN_BLOCKS(TB))                            \
+#define MATVEC3_BLOCKS(TA, TB) \
+    (MATVEC3_MIN_BLOCKS(TA) < MATVEC3_MIN_BLOCKS(TB) ? MATVEC3_MIN_BLOCKS(TA) : MATVEC3_MIN_BLOCKS(TB))
+#define MATVEC3_KERNEL(name, TA, TB) MATVEC3_FORM(name, TA, TB, false, MATVEC3_BLOCKS(TA, TB))
+#define MATVEC3_FORM(name, TA, TB, I16, BLOCKS)                                                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS)                                                   \
         name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0, long long rb1, long long rb2,   \
              int R0, int R1, int R2, int K, const float* x, const float* norm_w, float eps, float* y0, float* y1,    \
              float* y2) {                                                                                            \
@@ -179,10 +183,11 @@ MATVEC3_KERNEL(matvec3_q4_k_q5_k_n1, q::Q4_K, q::Q5_K)
 // for 3 or 4 blocks an SM (80 or 64 registers, no spills) made the 0.6B SwiGLU launch 6.4 -> 5.5 us but its step
 // 0.856 -> 0.878 (3) and 1.005 ms (4), the 30B-A3B step 0.317 -> 0.327 and 0.336: blocks that fill the SMs leave no
 // room for the next kernel's to start early.
-#define MATVEC16_KERNELS(tag, T) \
-    MATVEC_FORM(tag, T, 1, MV_BOUNDS_N1(T), 16, true) MATVEC3_FORM(matvec3_16_##tag##_n1, T, T, true)
+#define MATVEC16_KERNELS(tag, T)                      \
+    MATVEC_FORM(tag, T, 1, MV_BOUNDS_N1(T), 16, true) \
+    MATVEC3_FORM(matvec3_16_##tag##_n1, T, T, true, MATVEC3_BLOCKS(T, T))
 Q16_FOR_EACH_TYPE(MATVEC16_KERNELS)
-MATVEC3_FORM(matvec3_16_q4_k_q6_k_n1, q::Q4_K, q::Q6_K, true)
+MATVEC3_FORM(matvec3_16_q4_k_q6_k_n1, q::Q4_K, q::Q6_K, true, MATVEC3_16_MIXED_BLOCKS)
 
 // matvec_stream (matvec_stream.cuh): one token through a tall matrix; the quantized common types. _{t}: K <= 2048
 // (8 groups of x a lane, ~100 registers); _{t}_k1024: K <= 1024 (4 groups, 63 registers: twice the warps an SM).
