@@ -189,6 +189,12 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
 // squares in red_ss[warp] for all 8 warps (finish's SS_ALL).
 // Group g = 4 j + i is kept at [i][j], so that a warp's loads of group i of 32 consecutive sub-blocks are
 // consecutive. x's groups live at namespace scope: one allocation a kernel, however many forms it inlines.
+// Measured on an H200 (2026-12-04, same machine, alternating; bench/results/2026-12-04-h200-session18.md): the 30B-A3B
+// shape's q/k/v 7.55 -> 7.05 us a launch, MoE gate/up 11.6 -> 9.1, 4-layer step 0.3195 -> 0.3006 ms, decode 369.9 ->
+// 404.0 tok/s; the 0.6B shape's step 0.857 -> 0.826 ms, decode 1117 -> 1160. Not kept: x at [g] (4-way bank conflicts
+// on every x load: q/k/v 8.8 us, the 0.6B decode 1079 tok/s); each thread rounding its own 4 groups (each group
+// rounded 4-8 times over: q/k/v 18.3 us); the form for unstaged rows only (decode 374.3). Q6_K keeps the group form:
+// its sub-blocks come in 2-byte loads, and its MoE down took 8.2 -> 8.6 us.
 constexpr int SUB_MAX_K = 4096, SUB_MAX_SB = SUB_MAX_K / 32;
 __shared__ uint4 sub_xq[4 * SUB_MAX_SB];      // [i][j]: group 4 j + i's values, rounded (q16::Group's p)
 __shared__ q16::Meta sub_xm[4 * SUB_MAX_SB];  // [i][j]: its step and sum
