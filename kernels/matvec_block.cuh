@@ -66,6 +66,20 @@ __device__ __forceinline__ void touch_rows(const uint8_t* (&rp)[RPT], int g, int
     for (int r = 0; r < RPT; ++r) rp[r] += z;
 }
 
+// Copies rows [row0, row0 + 8) of each of the NM matrices (past R: row R - 1) into buf, [matrix * ROWS + row][P], in
+// 16-byte granules (stage.cuh); the caller waits (stage::wait) and syncs before reading them.
+template <int T, int NM>
+__device__ __forceinline__ void stage_rows(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int row0,
+                                           uint8_t* buf) {
+    constexpr int P = STAGE_PITCH<T>, NG = P / 16;  // granules a row
+    const int nb = int(row_bytes);                   // at most CHUNK_GROUPS groups: a few KB
+    for (int i = threadIdx.x; i < NM * ROWS * NG; i += THREADS) {
+        const int s = i / NG;  // the staged row: matrix s / ROWS, row row0 + s % ROWS
+        const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(row0 + s % ROWS, R - 1) * row_bytes;
+        stage::granule(buf + s * P, src, nb, i - s * NG);
+    }
+}
+
 // The split form (quant_dot.cuh) for up to 4 tokens: at 8, the extra registers would spill.
 template <int T, int N>
 constexpr bool SPLIT_N = q::SPLIT<T> && N <= 4;
@@ -134,14 +148,9 @@ __device__ __forceinline__ void partial_dots(const uint8_t* __restrict__ W0, con
     if constexpr (STAGED<T> && S == 1) {
         staged = G <= CHUNK_GROUPS;
         if (staged) {
-            constexpr int P = STAGE_PITCH<T>, NG = P / 16;  // granules a row; buf: [matrix * ROWS + row][P]
+            constexpr int P = STAGE_PITCH<T>;  // buf: [matrix * ROWS + row][P]
             const int blk_row0 = (blk < 0 ? int(blockIdx.x) : blk) * ROWS;
-            const int nb = int(row_bytes);  // at most CHUNK_GROUPS groups: a few KB
-            for (int i = tid; i < NM * ROWS * NG; i += THREADS) {
-                const int s = i / NG;  // the staged row: matrix s / ROWS, row blk_row0 + s % ROWS
-                const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(blk_row0 + s % ROWS, R - 1) * row_bytes;
-                stage::granule(buf + s * P, src, nb, i - s * NG);
-            }
+            stage_rows<T, NM>(W0, W1, row_bytes, R, blk_row0, buf);
             stage::wait();
             __syncthreads();
             const int s0 = (NM == 2 && tid >= TEAM ? ROWS : 0) + row0 - blk_row0;  // the slice's first staged row
@@ -210,16 +219,9 @@ __device__ __forceinline__ void partial_dots_sub(const uint8_t* __restrict__ W0,
     const int b = blk < 0 ? int(blockIdx.x) : blk, row0 = b * ROWS + (tt / SPAN) * RPT;  // this slice's first row
     const uint8_t* W = (NM == 2 && tid >= TEAM) ? W1 : W0;
     const int G = K >> 3, SB = K >> 5;
-    constexpr int P = STAGE_PITCH<T>, NG = P / 16;  // granules a staged row; buf: [matrix * ROWS + row][P]
+    constexpr int P = STAGE_PITCH<T>;  // buf: [matrix * ROWS + row][P]
     const bool staged = G <= CHUNK_GROUPS;
-    if (staged) {
-        const int nb = int(row_bytes);
-        for (int i = tid; i < NM * ROWS * NG; i += THREADS) {
-            const int s = i / NG;  // the staged row: matrix s / ROWS, row b * ROWS + s % ROWS
-            const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(b * ROWS + s % ROWS, R - 1) * row_bytes;
-            stage::granule(buf + s * P, src, nb, i - s * NG);
-        }
-    }
+    if (staged) stage_rows<T, NM>(W0, W1, row_bytes, R, b * ROWS, buf);
     float ss = 0.f;
     for (int g = tid; g < G; g += THREADS) {
         float xv[8];
