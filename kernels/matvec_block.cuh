@@ -84,6 +84,15 @@ __device__ __forceinline__ void stage_rows(const uint8_t* W0, const uint8_t* W1,
 template <int T, int N>
 constexpr bool SPLIT_N = q::SPLIT<T> && N <= 4;
 
+// xv *= nw, the squares of xv (before) added to ss: one group of x times norm_w (the rsqrt scale comes last).
+__device__ __forceinline__ void times_norm(float (&xv)[8], const float (&nw)[8], float& ss) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        ss = fmaf(xv[k], xv[k], ss);
+        xv[k] *= nw[k];
+    }
+}
+
 // acc[t * RPT + r] += dot(row r values [8g, +8), token t values [8g, +8) times norm_w) for the RPT rows at rp.
 // (gw: the group's index in the rows at rp, gx: in x.) I16: the values times norm_w rounded to 16 bits and dotted in
 // integers (quant_i16.cuh), once a group for all RPT rows.
@@ -98,12 +107,7 @@ __device__ __forceinline__ void dot_group(const uint8_t* const (&rp)[RPT], int g
         float nw[8];
         cm::load8f(norm_w + 8 * gx, nw);
 #pragma unroll
-        for (int t = 0; t < N; ++t)
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                ss[t] = fmaf(xv[t][k], xv[t][k], ss[t]);
-                xv[t][k] *= nw[k];
-            }
+        for (int t = 0; t < N; ++t) times_norm(xv[t], nw, ss[t]);
     }
     if constexpr (I16) {
         q16::Group a[N];
@@ -229,11 +233,7 @@ __device__ __forceinline__ void partial_dots_sub(const uint8_t* __restrict__ W0,
         if (norm_w) {
             float nw[8];
             cm::load8f(norm_w + 8 * g, nw);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                ss = fmaf(xv[k], xv[k], ss);
-                xv[k] *= nw[k];
-            }
+            times_norm(xv, nw, ss);
         }
         const q16::Group a = q16::quantize8(xv);
         const int at = (g & 3) * SUB_MAX_SB + (g >> 2);

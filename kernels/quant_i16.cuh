@@ -177,11 +177,8 @@ template <>
 __device__ __forceinline__ float dot32<Q4_K>(const uint8_t* row, int j, const Group (&a)[4], float xs) {
     const uint8_t* b = row + (j >> 3) * q::Quant<Q4_K>::BYTES;
     const int jj = j & 7, shift = 4 * (jj & 1);
-    const uint8_t* s = b + 4;  // as dot8<Q4_K>
-    const int x = s[jj], y = s[jj + 4], z = s[jj & 3];
-    const bool lo = jj < 4;
-    const int sc = lo ? (x & 63) : ((y & 0xF) | ((z >> 6) << 4));
-    const int m = lo ? (y & 63) : ((y >> 4) | ((x >> 6) << 4));
+    float sc, m;
+    q::scale_min_k4(b + 4, jj, sc, m);
     const uint4* w = reinterpret_cast<const uint4*>(b + 16 + 32 * (jj >> 1));
     const uint4 w0 = w[0], w1 = w[1];
     const uint32_t k = 0x0F0F0F0Fu;
@@ -193,7 +190,7 @@ __device__ __forceinline__ float dot32<Q4_K>(const uint8_t* row, int j, const Gr
     t = fmaf(a[1].s, float(n1), t);
     t = fmaf(a[2].s, float(n2), t);
     t = fmaf(a[3].s, float(n3), t);
-    return fmaf(q::h2f(b) * float(sc), t, -q::h2f(b + 2) * float(m) * xs);
+    return fmaf(q::h2f(b) * sc, t, -q::h2f(b + 2) * m * xs);
 }
 
 }  // namespace q16
