@@ -324,9 +324,6 @@ __device__ __forceinline__ void matvec_sliced(const uint8_t* W0, const uint8_t* 
     finish<N, NM, S>(R, K, n, norm_w, eps, resid, y, red, red_ss, blk, yq, ym);
 }
 
-// Rows [8 * blk, +8) of the matrix (blk: the block's index among those of this matrix; -1: blockIdx.x, read where it
-// is used, so a plain launch keeps no register for it). buf: STAGE_BYTES<T, NM> of shared memory, 16-byte aligned.
-// I16: integer dots with x rounded to 16 bits (q16::HAS<T>); yq, ym: finish's 16-bit output.
 // The sub-block form: rows [8 * blk, +8) through partial_dots_sub and finish, with S = 4 slices (2 rows a thread for
 // one matrix, 1 for two), or 8 (a row a thread) where 32 threads have a sub-block each. 4 rows a thread spilled under
 // the 64-register bounds of matvec3 and the MoE gate/up (sm_90, nvcc 13.0).
@@ -340,6 +337,9 @@ __device__ __forceinline__ void matvec_sub(const uint8_t* W0, const uint8_t* W1,
     finish<1, NM, S, true>(R, K, 1, norm_w, eps, resid, y, red, red_ss, blk, yq, ym);
 }
 
+// Rows [8 * blk, +8) of the matrix (blk: the block's index among those of this matrix; -1: blockIdx.x, read where it
+// is used, so a plain launch keeps no register for it). buf: STAGE_BYTES<T, NM> of shared memory, 16-byte aligned.
+// I16: integer dots with x rounded to 16 bits (q16::HAS<T>); yq, ym: finish's 16-bit output.
 template <int T, int N, int NM, bool I16 = false>
 __device__ __forceinline__ void matvec_block_in(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R,
                                                 int K, const float* x, int n, const float* norm_w, float eps,
@@ -350,10 +350,13 @@ __device__ __forceinline__ void matvec_block_in(const uint8_t* W0, const uint8_t
     constexpr bool N8_SPLIT = N == 8 && T == q::Q5_K;
     if constexpr (N == 1 && I16 && q16::SUB<T>) {
         if (K <= SUB_MAX_K) {
-            if (NM == 1 && THREADS / 8 >= (K >> 5))  // a slice of 32 threads has a sub-block each
-                matvec_sub<T, NM, 8 / NM>(W0, W1, row_bytes, R, K, x, norm_w, eps, resid, y, buf, blk, yq, ym);
-            else
-                matvec_sub<T, NM, 4>(W0, W1, row_bytes, R, K, x, norm_w, eps, resid, y, buf, blk, yq, ym);
+            if constexpr (NM == 1) {
+                if (THREADS / 8 >= (K >> 5)) {  // a slice of 32 threads has a sub-block each
+                    matvec_sub<T, 1, 8>(W0, W1, row_bytes, R, K, x, norm_w, eps, resid, y, buf, blk, yq, ym);
+                    return;
+                }
+            }
+            matvec_sub<T, NM, 4>(W0, W1, row_bytes, R, K, x, norm_w, eps, resid, y, buf, blk, yq, ym);
             return;
         }
     }
