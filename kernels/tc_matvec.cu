@@ -111,10 +111,11 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
 }
 
 // The block's rows for MT 16-token tiles and NM matrices (1: W0; 2: silu(W0 .) * (W1 .)).
+// Row block rb: rows [8 rb, +8).
 template <int T, int MT, int NM>
 __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                            const float* x, int n, const float* norm_w, float eps, const float* resid,
-                                           float* y) {
+                                           float* y, int rb) {
     constexpr int TEAM = WARPS / NM, NTOK = 16 * MT, P = PITCH<T>;
     constexpr int STAGE_BYTES = NM * ROWS * P, RED_BYTES = 4 * (WARPS * NTOK * ROWS + TEAM * NTOK);
     // The staged rows, then (after a barrier) the warps' partial sums over the same bytes.
@@ -122,7 +123,7 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     float* red = reinterpret_cast<float*>(smem);  // [warp][token * 8 + row]
     float* red_ss = red + WARPS * NTOK * ROWS;    // [slice][token]: sums of squares of x from team 0
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, qd = lane & 3;
-    const int team = warp / TEAM, slice = warp % TEAM, r0 = blockIdx.x * ROWS;
+    const int team = warp / TEAM, slice = warp % TEAM, r0 = rb * ROWS;
     const uint8_t* row = (team ? W1 : W0) + (long long)min(r0 + g, R - 1) * row_bytes;
 
     const bool staged = K <= STAGE_MAX_K;
@@ -221,10 +222,34 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     }
 }
 
-// Before the wait (pdl.cuh): the block's rows into L2, while the kernel that computes x may still run.
-__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R) {
-    const int r0 = blockIdx.x * ROWS;
+// Before the wait (pdl.cuh): row block rb's rows into L2, while the kernel that computes x may still run.
+__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R, int rb) {
+    const int r0 = rb * ROWS;
     if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(ROWS, R - r0) * row_bytes);
+}
+
+// Up to three matrices of one width through one launch (q/k/v): matrix m's row blocks follow those of the matrices
+// before it; matrices 0 and 1 are of type T0, matrix 2 of T1. Each block computes what tcmv_block would in a launch
+// of its own matrix, bit for bit. R_m = 0: no blocks.
+template <int T0, int T1, int MT>
+__device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long bytes0,
+                                            long long bytes1, long long bytes2, int R0, int R1, int R2, int K,
+                                            const float* x, int n, const float* norm_w, float eps, float* y0,
+                                            float* y1, float* y2) {
+    const int b0 = (R0 + ROWS - 1) / ROWS, b1 = (R1 + ROWS - 1) / ROWS, b = blockIdx.x;
+    const int m = b < b0 ? 0 : b < b0 + b1 ? 1 : 2, rb = b - (m == 0 ? 0 : m == 1 ? b0 : b0 + b1);
+    const uint8_t* W = m == 0 ? W0 : m == 1 ? W1 : W2;
+    const long long row_bytes = m == 0 ? bytes0 : m == 1 ? bytes1 : bytes2;
+    const int R = m == 0 ? R0 : m == 1 ? R1 : R2;
+    float* y = m == 0 ? y0 : m == 1 ? y1 : y2;
+    prefetch_rows(W, row_bytes, R, rb);
+    pdl::wait();
+    if constexpr (T0 == T1) {
+        tcmv_block<T0, MT, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb);
+    } else {
+        if (m < 2) tcmv_block<T0, MT, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb);
+        else tcmv_block<T1, MT, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb);
+    }
 }
 
 }  // namespace
@@ -234,20 +259,37 @@ __device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_by
         tcmv_##tag##_m##M(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,               \
                           const float* norm_w, float eps, const float* resid, float* y) {                           \
         pdl::launch_dependents();                                                                                   \
-        prefetch_rows(W, row_bytes, R);                                                                             \
+        prefetch_rows(W, row_bytes, R, blockIdx.x);                                                                 \
         pdl::wait();                                                                                                \
-        tcmv_block<T, M / 16, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y);                               \
+        tcmv_block<T, M / 16, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, blockIdx.x);                   \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                         \
         tcmv_swiglu_##tag##_m##M(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,           \
                                  const float* x, int n, const float* norm_w, float eps, float* y) {                 \
         pdl::launch_dependents();                                                                                   \
-        prefetch_rows(Wg, row_bytes, R);                                                                            \
-        prefetch_rows(Wu, row_bytes, R);                                                                            \
+        prefetch_rows(Wg, row_bytes, R, blockIdx.x);                                                                \
+        prefetch_rows(Wu, row_bytes, R, blockIdx.x);                                                                \
         pdl::wait();                                                                                                \
-        tcmv_block<T, M / 16, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y);                           \
+        tcmv_block<T, M / 16, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, blockIdx.x);               \
     }
 #define TCMV_KERNELS(tag, T) TCMV(tag, T, 16) TCMV(tag, T, 32) TCMV(tag, T, 64)
 
+// tcmv3_{tag}_m{M}: q/k/v of one type; tcmv3_{a}_{b}_m{M}: two of type a, the last of b (k_matvec.MATVEC3_PAIRS).
+#define TCMV3(tag, T0, T1, M)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                         \
+        tcmv3_##tag##_m##M(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long bytes0,               \
+                           long long bytes1, long long bytes2, int R0, int R1, int R2, int K, const float* x, int n, \
+                           const float* norm_w, float eps, float* y0, float* y1, float* y2) {                        \
+        pdl::launch_dependents();                                                                                   \
+        tcmv3_block<T0, T1, M / 16>(W0, W1, W2, bytes0, bytes1, bytes2, R0, R1, R2, K, x, n, norm_w, eps, y0, y1,  \
+                                    y2);                                                                            \
+    }
+#define TCMV3_KERNELS(tag, T0, T1) TCMV3(tag, T0, T1, 16) TCMV3(tag, T0, T1, 32) TCMV3(tag, T0, T1, 64)
+
 TCMV_KERNELS(q8_0, q::Q8_0) TCMV_KERNELS(q4_0, q::Q4_0) TCMV_KERNELS(q4_1, q::Q4_1) TCMV_KERNELS(q5_0, q::Q5_0)
 TCMV_KERNELS(q5_1, q::Q5_1) TCMV_KERNELS(q4_k, q::Q4_K) TCMV_KERNELS(q5_k, q::Q5_K) TCMV_KERNELS(q6_k, q::Q6_K)
+
+TCMV3_KERNELS(q8_0, q::Q8_0, q::Q8_0) TCMV3_KERNELS(q4_0, q::Q4_0, q::Q4_0) TCMV3_KERNELS(q4_1, q::Q4_1, q::Q4_1)
+TCMV3_KERNELS(q5_0, q::Q5_0, q::Q5_0) TCMV3_KERNELS(q5_1, q::Q5_1, q::Q5_1) TCMV3_KERNELS(q4_k, q::Q4_K, q::Q4_K)
+TCMV3_KERNELS(q5_k, q::Q5_K, q::Q5_K) TCMV3_KERNELS(q6_k, q::Q6_K, q::Q6_K) TCMV3_KERNELS(q4_k_q6_k, q::Q4_K, q::Q6_K)
+TCMV3_KERNELS(q5_k_q6_k, q::Q5_K, q::Q6_K) TCMV3_KERNELS(q4_k_q5_k, q::Q4_K, q::Q5_K)

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from engine.cuda import k_tc_matvec
+from engine.cuda import k_matvec, k_tc_matvec
 from engine.cuda.memory import DeviceArray
 from engine.errors import CudaError
 from engine.quants import GGMLType
@@ -95,6 +95,54 @@ def test_tcmv_swiglu(ggml_type: GGMLType, shape: tuple[int, int, int], seed: int
         y = poisoned((k_tc_matvec.MAX_TOKENS, rows))
         run(k_tc_matvec.tcmv_swiglu(wg.dev, wu.dev, d_x, n, y, norm_w=d_norm if norm else None, eps=eps))
         check(y.to_host(), n, ref, tol, context)
+
+
+TCMV3_TYPES = [(t, t) for t in TYPES] + sorted(k_matvec.MATVEC3_PAIRS)
+
+
+@pytest.mark.parametrize(("n", "cols", "rows"), [(9, 256, (13, 5, 5)), (16, 1024, (2048, 1024, 1024)),
+                                                 (33, 3072, (24, 8)), (64, 512, (7,))])  # fmt: skip
+@pytest.mark.parametrize("types", TCMV3_TYPES, ids=lambda p: "_".join(t.name for t in p))
+def test_tcmv3(types: tuple[GGMLType, GGMLType], n: int, cols: int, rows: tuple[int, ...], seed: int) -> None:
+    """A small batch through up to three matrices in one launch (one type, or two of a and one of b): against NumPy,
+    and bit for bit equal to one tcmv launch per matrix; outputs exactly their size (the slack stays poisoned)."""
+    a, b = types
+    if a != b and len(rows) < 3:
+        pytest.skip("a pair of types takes three matrices")
+    needs_blocks(a, cols)
+    needs_blocks(b, cols)
+    rng = np.random.default_rng(seed)
+    ws = [Weight(rng, a if m < 2 else b, r, cols) for m, r in enumerate(rows)]
+    x, norm_w = inputs(rng, n, cols)
+    d_x, d_norm = DeviceArray.from_host(x), DeviceArray.from_host(norm_w)
+    xn = rmsnorm(x.astype(np.float64), norm_w, 1e-6)
+    ys = [poisoned((n * r + 5,)) for r in rows]
+    launch = k_tc_matvec.tcmv3([w.dev for w in ws], d_x, n, ys, norm_w=d_norm, eps=1e-6)
+    run(launch)
+    for m, (w, y) in enumerate(zip(ws, ys, strict=True)):
+        context = f"{w.dev.tag} n={n} rows={rows} K={cols} {launch.name} matrix {m} seed={seed}"
+        got = y.to_host()
+        tol = RTOL * (np.abs(xn) @ np.abs(w.dense).T) + 1e-30
+        assert_close(got[: n * w.dev.rows].reshape(n, w.dev.rows), xn @ w.dense.T, tol, context)
+        assert_untouched(got[n * w.dev.rows :], context)
+        alone = poisoned((n, w.dev.rows))
+        run(k_tc_matvec.tcmv(w.dev, d_x, n, alone, norm_w=d_norm, eps=1e-6))
+        np.testing.assert_array_equal(got[: n * w.dev.rows], alone.to_host().ravel(), err_msg=context + ": differs")
+
+
+def test_tcmv3_refuses_what_it_cannot_compute() -> None:
+    rng = np.random.default_rng(0)
+    q4, q6 = Weight(rng, GGMLType.Q4_K, 8, 256), Weight(rng, GGMLType.Q6_K, 8, 256)
+    f32 = Weight(rng, GGMLType.F32, 8, 256)
+    x, y = DeviceArray.empty((16, 256)), DeviceArray.empty((16, 8))
+    with pytest.raises(CudaError, match="one width"):
+        k_tc_matvec.tcmv3([q4.dev, q6.dev, q4.dev], x, 16, [y, y, y])  # b last
+    with pytest.raises(CudaError, match="tc_matvec's types"):
+        k_tc_matvec.tcmv3([f32.dev], x, 16, [y])
+    with pytest.raises(CudaError, match="1 to 3 matrices"):
+        k_tc_matvec.tcmv3([q4.dev] * 4, x, 16, [y] * 4)
+    with pytest.raises(CudaError, match="1 to 64 tokens"):
+        k_tc_matvec.tcmv3([q4.dev], DeviceArray.empty((65, 256)), 65, [DeviceArray.empty((65, 8))])
 
 
 @pytest.mark.parametrize("ggml_type", [GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K], ids=lambda t: t.name)

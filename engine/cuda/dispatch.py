@@ -141,6 +141,14 @@ def use_tc(n: int) -> bool:
     return TC_MIN <= n <= MATVEC_MAX and os.environ.get("REFLEX_TC", "1") != "0"
 
 
+def tc3() -> bool:
+    """Whether q/k/v of a tensor-core batch go through one tcmv3 launch (REFLEX_TC3=0: one tcmv launch a matrix, for
+    comparisons). One H200 (2026-12-04, engine bench, two interleaved rounds): the Qwen3-0.6B shape's prefill of 16
+    tokens 9,792 / 9,871 -> 10,688 / 10,681 tok/s, of 64 17,112 / 17,135 -> 18,151 / 18,110, warm system1 2.02 / 2.21
+    -> 1.80 / 1.76 ms; the Qwen3.5-0.8B shape's prefill of 16 6,520 / 6,709 -> 7,260 / 7,105."""
+    return os.environ.get("REFLEX_TC3", "1") != "0"
+
+
 def passes(n: int) -> list[tuple[int, int]]:
     """(first token, count) of the matvec passes covering n tokens, SMALL_BATCH at a time."""
     return [(at, min(SMALL_BATCH, n - at)) for at in range(0, n, SMALL_BATCH)]

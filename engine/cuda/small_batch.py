@@ -1,6 +1,7 @@
 """Matmuls of small batches (n <= dispatch.MATVEC_MAX tokens) with the RMSNorm fused: one tensor-core launch
 (k_tc_matvec) where the weight type has one and dispatch.use_tc picks it, else matvec passes of <= 8 tokens. Both
-compute float32-exact sums in effect, so the models need not know which ran.
+compute float32-exact sums in effect, so the models need not know which ran. Up to three matrices that read the same
+x (q/k/v) share one launch where fuses3 allows: matvec3 for one token, tcmv3 for a tensor-core batch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,28 @@ def matmul(
         return [ktc.tcmv(w, x, n, y, norm_w=norm_w, eps=eps, resid=resid)]
     return [km.matvec(w, rows(x, at, m), m, rows(y, at, m), norm_w=norm_w, eps=eps,
                       resid=None if resid is None else rows(resid, at, m)) for at, m in dispatch.passes(n)]  # fmt: skip
+
+
+def fuses3(n: int, ggml_type: int) -> bool:
+    """Whether n tokens through a matrix of this type may go through matmul3 with others of its width (the types
+    that may share one launch: k_matvec.matvec3_order)."""
+    if n == 1:
+        return km.has_matvec3(ggml_type)
+    return ktc.has(ggml_type) and dispatch.use_tc(n) and dispatch.tc3()
+
+
+def matmul3(
+    ws: list[DeviceWeight],  # 1 to 3 matrices (R_m, K) of one width, in an order k_matvec.matvec3_order keeps
+    x: DeviceArray,  # (n, K) f4
+    n: int,  # tokens: 1, or a batch fuses3 takes
+    ys: list[DeviceArray],  # (n, R_m) f4 each; ys[m] = ws[m] . rmsnorm(x)
+    *,
+    norm_w: DeviceArray | None = None,  # (K,) f4
+    eps: float = 0.0,
+) -> Launch:
+    if n == 1:
+        return km.matvec3(ws, x, ys, norm_w=norm_w, eps=eps)
+    return ktc.tcmv3(ws, x, n, ys, norm_w=norm_w, eps=eps)
 
 
 def swiglu(

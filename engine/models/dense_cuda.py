@@ -2,7 +2,8 @@
 
 Per layer, for a batch of n tokens whose first position is in device memory (`ctrl[0]`):
   n <= 64: small batches (engine/cuda/small_batch.py: matvec passes of <= 8 tokens, or one tc_matvec launch of
-           9..64): q, k, v with the attention RMSNorm fused (one matvec3 launch for those of one type when n = 1);
+           9..64): q, k, v with the attention RMSNorm fused (one launch for the three where their types allow:
+           small_batch.matmul3);
            attention; o (+x); gate/up SwiGLU with the FFN RMSNorm fused; down (+x).
   n >  64: RMSNorm rows; GEMM q, k, v; attention; GEMM o (+x); RMSNorm rows; GEMM gate/up SwiGLU; GEMM down (+x).
 Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n = 1) or causal prefill.
@@ -148,14 +149,14 @@ class CudaModel:
 
     def _matmuls(self, pairs: list[tuple[DeviceWeight, DeviceArray]], x: DeviceArray, n: int,
                  norm_w: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
-        """dst[:n] = w · x[:n] for each (w, dst) (x RMS-normed first when norm_w). One token through up to three
-        matrices of one width goes in one matvec3 launch where their types allow (k_matvec.matvec3_order: one type,
-        or a Q4_K_M file's Q4_K q/k and Q6_K v), else per type, three at most a launch; more tokens and LoRA-adapted
-        weights take a _matmul each."""
+        """dst[:n] = w · x[:n] for each (w, dst) (x RMS-normed first when norm_w). Up to three matrices of one width
+        go in one launch (small_batch.matmul3: matvec3 for one token, tcmv3 for a tensor-core batch) where their
+        types allow (k_matvec.matvec3_order: one type, or a Q4_K_M file's Q4_K q/k and Q6_K v), else per type, three
+        at most a launch; other batches and LoRA-adapted weights take a _matmul each."""
         fusable: list[tuple[DeviceWeight, DeviceArray]] = []
         out: list[Launch] = []
         for w, dst in pairs:
-            if n == 1 and km.has_matvec3(w.ggml_type) and not self.lora.of(w.name):
+            if small_batch.fuses3(n, w.ggml_type) and not self.lora.of(w.name):
                 fusable.append((w, dst))
             else:
                 out += self._matmul(w, x, n, dst, norm_w=norm_w)
@@ -169,7 +170,7 @@ class CudaModel:
             groups = [g[at : at + 3] for g in by_type.values() for at in range(0, len(g), 3)]
         for group in groups:
             ws, ys = zip(*group, strict=True)
-            out.append(km.matvec3(list(ws), x, list(ys), norm_w=norm_w, eps=self.cfg.norm_eps))
+            out.append(small_batch.matmul3(list(ws), x, n, list(ys), norm_w=norm_w, eps=self.cfg.norm_eps))
         return out
 
     def _qkv(self, L: dict, n: int) -> list[Launch]:
