@@ -34,3 +34,18 @@ def test_profile_times_every_launch_of_a_decode_step():
     fresh = Engine.load(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), backend="cuda", max_seq_len=128)
     want = fresh.generate("The capital of France is", max_tokens=4)["token_ids"]
     assert engine.generate("The capital of France is", max_tokens=4)["token_ids"] == want
+
+
+@pytest.mark.gpu
+def test_profile_times_a_batch_forward():
+    """--batch: the launches of a 20-token prompt chunk (tensor-core matmuls, prefill attention) and the last row's
+    LM head, each timed; the sequence stays usable after."""
+    engine = Engine.load(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), backend="cuda", max_seq_len=128)
+    report = profile(engine, prompt_tokens=8, repeats=5, batch=20)
+    names = {r["kernel"] for r in report["launches"]}
+    assert report["batch"] == 20 and report["step_ms"] > 0 and all(r["us"] > 0 for r in report["launches"])
+    assert any(n.startswith("tc_matvec.tcmv3_") for n in names) and "attention.attn_prefill" in names, names
+    assert report["tokens_per_s"] == round(20 * 1000.0 / report["step_ms"], 1)
+    fresh = Engine.load(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), backend="cuda", max_seq_len=128)
+    want = fresh.generate("The capital of France is", max_tokens=4)["token_ids"]
+    assert engine.generate("The capital of France is", max_tokens=4)["token_ids"] == want

@@ -288,6 +288,17 @@ class CudaRunner:
         memory.synchronize(self.stream)
         return self._decode_step()
 
+    def batch_launches(self, ids: Sequence[int]) -> list:
+        """The launches of one batch forward over ids (one chunk, as forward runs it) at the current position and the
+        LM head of its last row, their inputs uploaded, nothing run and the position not advanced
+        (engine/tools/profile.py)."""
+        if not 1 <= len(ids) <= self.model.max_batch:
+            raise CudaError(f"a batch of 1 to {self.model.max_batch} ids, got {len(ids)}")
+        self._room(len(ids))
+        self._upload_ctrl(ids)
+        memory.synchronize(self.stream)
+        return self.model.forward(len(ids)) + self.model.head_logits(len(ids) - 1, 1)
+
     def _decode_step(self, then: Sequence = ()) -> list:
         """The model and the LM head for one token (and `then`), as programmatic dependent launches
         (driver.programmatic)."""

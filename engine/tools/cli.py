@@ -184,7 +184,8 @@ def cmd_bench(args) -> int:
 def cmd_profile(args) -> int:
     from engine.tools.profile import profile
 
-    _print(profile(_load(args), prompt_tokens=args.prompt_tokens, repeats=args.repeats, ablate=args.ablate))
+    _print(profile(_load(args), prompt_tokens=args.prompt_tokens, repeats=args.repeats, ablate=args.ablate,
+                   batch=args.batch))  # fmt: skip
     return 0
 
 
@@ -320,6 +321,8 @@ def _parser() -> argparse.ArgumentParser:
     f = model_cmd("profile", "time each launch of one CUDA decode step, grouped by kernel")
     f.add_argument("--prompt-tokens", type=_integer(1), default=64, help="tokens in the cache before the profiled step")
     f.add_argument("--repeats", type=_integer(1), default=200, help="graph replays per timed launch")
+    f.add_argument("--batch", type=_integer(1), default=1,
+                   help="time the forward of this many tokens (a prompt chunk) instead of a decode step")  # fmt: skip
     f.add_argument(
         "--ablate",
         action="store_true",

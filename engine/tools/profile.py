@@ -2,8 +2,10 @@
 
 Each launch of one decode step (the model's forward for one token plus the LM head) is captured in a graph of its
 own and replayed many times between device events, so its figure excludes the host; the whole step is replayed the
-same way. The table groups launches by kernel. The state the step reads (KV cache rows, position) comes from a real
-prompt run first; replaying a launch alone rewrites its outputs with the same values, so nothing drifts.
+same way. With --batch N (N > 1) the same for the forward of N tokens as a prompt chunk runs (the launches of
+system1 and of a short prefill: small-batch matmuls, prefill attention) and the LM head of its last row. The table
+groups launches by kernel. The state the step reads (KV cache rows, position) comes from a real prompt run first;
+replaying a launch alone rewrites its outputs with the same values, so nothing drifts.
 
 A launch alone pays a graph launch of its own (a few microseconds), and in the step it overlaps its neighbours
 (programmatic dependent launch), so its figure is not what it costs the step. With ablate, each kernel's cost in the
@@ -52,16 +54,16 @@ def in_step(launches: list, stream: int, repeats: int, rounds: int = 3) -> list[
     return sorted(rows, key=lambda r: -r["us"])
 
 
-def profile(engine, prompt_tokens: int = 64, repeats: int = 200, ablate: bool = False) -> dict:
-    """The decode step of `engine` (CUDA backend) after a prompt of `prompt_tokens` tokens, timed per launch (and,
-    with ablate, per kernel in the step: in_step)."""
+def profile(engine, prompt_tokens: int = 64, repeats: int = 200, ablate: bool = False, batch: int = 1) -> dict:
+    """The decode step of `engine` (CUDA backend) after a prompt of `prompt_tokens` tokens, or the forward of `batch`
+    tokens there, timed per launch (and, with ablate, per kernel in the step: in_step)."""
     runner = engine.runner
     if runner.backend != "cuda":
         raise UnsupportedArchitecture("profile needs the CUDA backend (a GPU and built kernels)")
     runner.reset()
     ids = [i % engine.config.n_vocab for i in range(1, prompt_tokens + 1)]
     runner.forward(ids, out="none")
-    launches = runner.decode_launches(ids[-1])
+    launches = runner.decode_launches(ids[-1]) if batch == 1 else runner.batch_launches(ids[:batch])
     stream = runner.stream
     step_ms = replay_ms(launches, stream, repeats)
     rows = []
@@ -82,10 +84,11 @@ def profile(engine, prompt_tokens: int = 64, repeats: int = 200, ablate: bool = 
     report = {
         "model": engine.model_info,
         "prompt_tokens": prompt_tokens,
+        "batch": batch,
         "repeats": repeats,
         "launches_per_step": len(launches),
         "step_ms": round(step_ms, 4),
-        "tokens_per_s": round(1000.0 / step_ms, 1) if step_ms > 0 else None,
+        "tokens_per_s": round(batch * 1000.0 / step_ms, 1) if step_ms > 0 else None,
         "sum_of_launches_ms": round(total_us / 1000.0, 4),
         "weight_gb_per_s": round(engine.bytes_per_token / (step_ms * 1e6), 1) if step_ms > 0 else None,
         "by_kernel": table,
