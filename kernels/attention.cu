@@ -22,7 +22,10 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
                                              float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, float* __restrict__ direct, float* sm) {
     constexpr int KG = 32 / GC;
-    constexpr int V_AHEAD = sizeof(KV) == 2 ? 16 : 8;  // rows of V in flight: 128 bytes a lane either way
+    // Rows of V in flight: 16 where the registers hold them (f16 rows; float rows with GC <= 2), else 8. On an H200
+    // (2026-12-04, the Qwen3-0.6B shape, float cache, 64-key context) 16 against 8: attn_decode 8.1 -> 6.9 us a
+    // launch, the decode step 0.789 -> 0.757 ms; float rows with GC = 4 or 8 spill at 16.
+    constexpr int V_AHEAD = sizeof(KV) == 2 || GC <= 2 ? 16 : 8;
     const int b = blockIdx.x, g = b / parts, s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long krow = (long long)KVH * hd, vrow = (long long)KVH * vd;  // floats between positions
     const KV* kg = kc + (long long)g * hd;
@@ -199,9 +202,9 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
 // hint alone: every row the block uses is chosen again from the position read after it). Each row's lines from its
 // first byte to its last (rows need not start on a line).
 template <typename KV>
-__device__ __forceinline__ void prefetch_keys(const KV* kc, const KV* vc, const int* pos, int KVH, int hd, int vd,
-                                              int n_splits, int min_chunk, int parts) {
-    const int L = *pos + 1;  // pre-wait: the position, for the prefetch's range alone (a hint; see above)
+__device__ __forceinline__ void prefetch_keys(const KV* kc, const KV* vc, const int* pos, int t, int KVH, int hd,
+                                              int vd, int n_splits, int min_chunk, int parts) {
+    const int L = *pos + 1 + t;  // pre-wait: the position, for the prefetch's range alone (a hint; see above)
     const int chunk = max((L + n_splits - 1) / n_splits, min_chunk);
     const int k0 = min(int(blockIdx.y) * chunk, L), k1 = min(k0 + chunk, L), g = blockIdx.x / parts;
     const int kb = hd * int(sizeof(KV)), vb = vd * int(sizeof(KV));  // bytes of a row
@@ -215,14 +218,16 @@ __device__ __forceinline__ void prefetch_keys(const KV* kc, const KV* vc, const 
     }
 }
 
-// grid (KVH * parts, n_splits), block 128: block row b = g * parts + part takes q heads [b * G, +G) of kv head g,
-// G = H / KVH / parts. With L = *pos + 1 keys, chunk = max(ceil(L / n_splits), min_chunk) and active =
+// grid (KVH * parts, n_splits, n), block 128: block row b = g * parts + part takes q heads [b * G, +G) of kv head g,
+// G = H / KVH / parts, of query token t = blockIdx.z, which reads q[t] and has its own partials, counters and out[t].
+// With L = *pos + 1 + t keys (causal), chunk = max(ceil(L / n_splits), min_chunk) and active =
 // ceil(L / chunk) splits; split s < active covers keys [s*chunk, min((s+1)*chunk, L)).
 // With counters (the fold): the other splits return at once, and the last block of row b to finish (a ticket from
 // counters[b], which it sets back to 0) combines the heads of b into out over splits [0, active): no second launch,
 // and the order of the sum is fixed whatever order the blocks ran in. With one active split (L <= min_chunk) that
-// block writes out directly, bit for bit what the combine would (weight exp(0) = 1). Without (counters null): every split writes its
-// partials (empty ones m = -inf, l = 0) for attn_combine over all n_splits. dispatch.decode_attention picks.
+// block writes out directly, bit for bit what the combine would (weight exp(0) = 1). Without (counters null): every
+// split writes its partials (empty ones m = -inf, l = 0) for attn_combine over all n_splits. dispatch.decode_attention
+// picks.
 template <typename KV>
 __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __restrict__ k_cache,
                                        const KV* __restrict__ v_cache, const int* pos, int H, int KVH, int hd, int vd,
@@ -232,23 +237,25 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
     __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
-    if (prefetch) prefetch_keys(k_cache, v_cache, pos, KVH, hd, vd, n_splits, min_chunk, parts);
+    const int t = blockIdx.z;
+    if (prefetch) prefetch_keys(k_cache, v_cache, pos, t, KVH, hd, vd, n_splits, min_chunk, parts);
     pdl::wait();  // q and the new key's row are the kernels before's (pdl.cuh); so is the position
-    const int L = *pos + 1;
+    const int L = *pos + 1 + t;
     const int chunk = max((L + n_splits - 1) / n_splits, min_chunk), active = (L + chunk - 1) / chunk;
     if (counters && int(blockIdx.y) >= active) return;
     const int k0 = min(int(blockIdx.y) * chunk, L), k1 = min(k0 + chunk, L);
     const int G = H / KVH / parts;  // q heads of this block
     // One active split (folded): its block writes out itself, with no partials, ticket or second pass.
-    float* direct = counters && active == 1 ? out : nullptr;
-#define DECODE(NI, GC) decode_heads<NI, GC>(q, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, k1, \
-                                            part_o, part_ml, direct, sm)
+    const int th = t * H;  // heads of the tokens before t (n * H * max(hd, n_splits * vd) < 2^31)
+    float* direct = counters && active == 1 ? out + th * vd : nullptr;
+#define DECODE(NI, GC) decode_heads<NI, GC>(q + th * hd, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, \
+                                            k1, part_o + th * n_splits * vd, part_ml + th * n_splits * 2, direct, sm)
     // GC heads a pass, a kv head's q heads rounded up to 2, 4 or 8 (the rest padded with zero heads); rows wider than
     // 128 take 4 (GC = 2 there would hold 16 keys' 256-wide loads in flight a group). GC = 2 has 16 keys' loads in
     // flight a group and no padding heads for 2 q heads a kv head: over a float cache on an H200 (2026-12-04, the
     // Qwen3-0.6B shape, against GC = 4 with 2 padding heads) attn_decode 8.6 -> 8.1 us a launch at a 64-key context,
     // the decode step 0.8174 -> 0.7900 ms, the attention of a step at 4,096 keys 0.727 -> 0.708 ms and at 16,384
-    // 1.728 -> 1.716 (168 registers either way, no spills).
+    // 1.728 -> 1.716 (168 registers either way, no spills; 8 V rows in flight then, see decode_heads).
     if (max(hd, vd) <= 128) {
         if (G > 4) DECODE(1, 8); else if (G > 2) DECODE(1, 4); else DECODE(1, 2);
     } else {
@@ -257,12 +264,14 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
 #undef DECODE
     if (!counters || direct) return;
     __threadfence();  // this block's partials before its ticket
-    if (threadIdx.x == 0) ticket = atomicAdd(counters + blockIdx.x, 1);
+    int* counter = counters + t * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1);
     __syncthreads();
     if (ticket != active - 1) return;
     __threadfence();
-    combine_heads<true>(part_o, part_ml, blockIdx.x, G, n_splits, active, vd, out);
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // for the next launch
+    combine_heads<true>(part_o + th * n_splits * vd, part_ml + th * n_splits * 2, blockIdx.x, G, n_splits, active, vd,
+                        out + th * vd);
+    if (threadIdx.x == 0) *counter = 0;  // for the next launch
 }
 }  // namespace
 

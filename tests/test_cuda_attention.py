@@ -223,6 +223,55 @@ def test_attn_decode_f16_cache(L: int, group: int, hd: int, vd: int, seed: int) 
         check_decode(L, group, hd, vd, n_splits, seed, kv="f2")
 
 
+@pytest.mark.parametrize("n, L", [(2, 2), (13, 77), (16, 16), (5, 900), (16, 4100)])
+@pytest.mark.parametrize("group, hd, vd", [(2, 128, 128), (4, 256, 256), (8, 128, 128), (3, 96, 64)])
+@pytest.mark.parametrize("kv", ["f4", "f2"])
+def test_attn_decode_of_a_batch(n: int, L: int, group: int, hd: int, vd: int, kv: str, seed: int) -> None:
+    """n tokens at positions L-n .. L-1 through attn_decode (grid.z: a token each, its own causal length, partials
+    and counters; decode_launches' split count and views), folded or with attn_combine as the dispatch rule picks:
+    against float64, the rows past the n tokens' outputs untouched, the same bits on a second launch."""
+    rng = np.random.default_rng(seed)
+    KVH = 2
+    H, scale = KVH * group, 1.0 / np.sqrt(hd)
+    q = rng.standard_normal((n, H, hd)).astype(np.float32)
+    k = kv_values(rng.standard_normal((L, KVH, hd)).astype(np.float32), kv)
+    v = kv_values(rng.standard_normal((L, KVH, vd)).astype(np.float32), kv)
+    kc, vc = cache_with(k, L + 9, kv=kv), cache_with(v, L + 9, kv=kv)  # rows >= L are NaN and must not be read
+    dq, pos = dev(q), dev(np.array([L - n]), np.int32)
+    ref = attention64(q, k, v, L - n, scale)
+    splits = 49
+    part_o, part_ml = poisoned((H, splits, vd)), poisoned((H, splits, 2))
+    tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
+    out = poisoned((n + 1, H * vd))
+    ctx = f"n={n} L={L} group={group} hd={hd}/{vd} {kv} seed {seed}"
+    launches = ka.decode_launches(dq, kc, vc, pos, H, KVH, hd, vd, scale, part_o, part_ml, tickets, out, n)
+    assert all(launch.grid[-1] == n for launch in launches if launch.name.endswith("attn_decode")), ctx
+    for launch in launches:
+        run(launch)
+    got = out.to_host()
+    np.testing.assert_allclose(got[:n].reshape(n, H, vd), ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
+    assert np.isnan(got[n:]).all(), f"{ctx}: written past the n tokens"
+    assert (tickets.to_host() == 0).all(), f"{ctx}: tickets not reset"
+    for launch in launches:
+        run(launch)
+    assert np.array_equal(out.to_host(), got, equal_nan=True), f"{ctx}: a second launch differs"
+    chosen = ka.attention_launches(dq, kc, vc, pos, n, H, KVH, hd, vd, scale, part_o, part_ml, tickets, out)
+    assert [x.name for x in chosen] == [x.name for x in launches], ctx  # n <= DECODE_TOKENS: the decode form
+    with pytest.raises(CudaError, match="tokens over partials"):
+        ka.decode_launches(dq, kc, vc, pos, H, KVH, hd, vd, scale, part_o.view(0, (H, n - 1, vd)), part_ml, tickets,
+                           out, n)  # fmt: skip
+
+
+def test_attention_of_a_long_batch_takes_attn_prefill() -> None:
+    kc, vc, pos = DeviceArray.empty((64, 2, 64)), DeviceArray.empty((64, 2, 64)), dev(np.array([9]), np.int32)
+    n, H = dispatch.DECODE_TOKENS + 1, 4
+    q, out = DeviceArray.empty((n * H * 64,)), DeviceArray.empty((n * H * 64,))
+    part_o, part_ml = DeviceArray.empty((H, 32, 64)), DeviceArray.empty((H, 32, 2))
+    tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
+    launches = ka.attention_launches(q, kc, vc, pos, n, H, 2, 64, 64, 0.125, part_o, part_ml, tickets, out)
+    assert [launch.name.split(".")[-1] for launch in launches] == ["attn_prefill"]
+
+
 @pytest.mark.parametrize("n_splits, vd", [(1, 64), (7, 200), (32, 512), (64, 132)])
 def test_attn_combine(n_splits: int, vd: int, seed: int) -> None:
     """Random partials (some splits empty: m = -inf, l = 0), vd not a multiple of 128: the weighted sum over the

@@ -75,3 +75,12 @@ def test_moe_batches_take_the_expert_kernels_up_to_128_routed_items(monkeypatch)
     assert dispatch.moe_matvec_tokens(32) == dispatch.SMALL_BATCH  # never fewer than a decode batch
     monkeypatch.setenv("REFLEX_MOE_MATVEC_ITEMS", "0")  # the grouped GEMM past SMALL_BATCH, for comparisons
     assert dispatch.moe_matvec_tokens(8) == dispatch.SMALL_BATCH
+
+
+def test_short_batches_take_the_decode_attention(monkeypatch) -> None:
+    monkeypatch.delenv("REFLEX_DECODE_TOKENS", raising=False)
+    assert dispatch.decode_tokens(1, 1) and dispatch.decode_tokens(dispatch.DECODE_TOKENS, 49)
+    assert not dispatch.decode_tokens(dispatch.DECODE_TOKENS + 1, 49)  # attn_prefill
+    assert not dispatch.decode_tokens(13, 8)  # 13 tokens do not fit partials of 8 splits
+    monkeypatch.setenv("REFLEX_DECODE_TOKENS", "0")
+    assert dispatch.decode_tokens(1, 49) and not dispatch.decode_tokens(2, 49)

@@ -154,6 +154,25 @@ def passes(n: int) -> list[tuple[int, int]]:
     return [(at, min(SMALL_BATCH, n - at)) for at in range(0, n, SMALL_BATCH)]
 
 
+# Up to this many tokens (a short prompt: system1's, or a query after a prefix state), the attention of a batch goes
+# through attn_decode with a token per grid.z (each token its own splits of its keys, S // n of the model's S) rather
+# than attn_prefill, whose grid is one 32-query tile a head: 16 blocks for Qwen3-0.6B's 16 heads, each streaming every
+# key through shared memory, so its cost grows with the context while the decode form's spreads it. One H200
+# (2026-12-04, the Qwen3-0.6B shape): `engine profile --batch 13` after 64 tokens, attn_prefill 15.0 us a launch ->
+# attn_decode 8.7, the 13-token forward 1.827 -> 1.579 ms; at the start of a sequence (engine bench, two interleaved
+# rounds) warm system1 (13 tokens) 1.81 / 1.88 -> 1.75 / 1.78 ms and 1.94 / 1.99 -> 1.99 / 1.95 on another machine,
+# but prefill of 16 tokens 10,688 / 10,603 -> 10,403 / 10,224 tok/s (attn_decode 7.9 us a launch there, 16 keys at
+# most): the decode form pays where there are few keys to share. One split a token instead of S // n measured the same.
+DECODE_TOKENS = 16
+
+
+def decode_tokens(n: int, splits: int) -> bool:
+    """Whether the attention of n tokens takes attn_decode (n of them through partials of `splits` key splits: n <=
+    splits) rather than attn_prefill (REFLEX_DECODE_TOKENS=0: never but n = 1, for comparisons)."""
+    most = env_int("REFLEX_DECODE_TOKENS", DECODE_TOKENS, minimum=0)
+    return n == 1 or n <= min(most, splits)
+
+
 BLOCK_HEADS = 4  # q heads an attn_decode block scores at most when a kv head is shared among blocks
 
 

@@ -54,21 +54,22 @@ def _cache(k_cache: DeviceArray, v_cache: DeviceArray, rows: int, KVH: int, hd: 
 
 
 def attn_decode(
-    q: DeviceArray,  # (H*hd,) f32: the token at position *pos
-    k_cache: DeviceArray, v_cache: DeviceArray,  # this layer's, keys 0..*pos written
+    q: DeviceArray,  # (n, H*hd) f32: tokens at positions *pos .. *pos+n-1
+    k_cache: DeviceArray, v_cache: DeviceArray,  # this layer's, keys 0..*pos+n-1 written
     pos: DeviceArray,  # (1,) i32
     H: int, KVH: int, hd: int, vd: int, scale: float,
     n_splits: int,  # key splits: a fixed grid for every length (32..64 keep 4k keys flat-cost)
-    part_o: DeviceArray,  # (H, n_splits, vd) f32: partial outputs
-    part_ml: DeviceArray,  # (H, n_splits, 2) f32: their max and sum
-    counters: DeviceArray | None = None,  # (KVH*parts,) i32, zero before the first launch (each launch leaves it so)
-    out: DeviceArray | None = None,  # (H*vd,) f32 out, with counters
+    part_o: DeviceArray,  # (n*H, n_splits, vd) f32: partial outputs
+    part_ml: DeviceArray,  # (n*H, n_splits, 2) f32: their max and sum
+    counters: DeviceArray | None = None,  # (n*KVH*parts,) i32, zero before the first launch (each launch leaves so)
+    out: DeviceArray | None = None,  # (n, H*vd) f32 out, with counters
     min_chunk: int = 1,  # keys a split at least
     parts: int = 1,  # blocks sharing a kv head's q heads (a whole divisor of H / KVH)
     prefetch: bool | None = None,  # each block's cache rows into L2 before its wait; None: dispatch.prefetch_keys()
+    n: int = 1,  # tokens, each attending causally to keys 0..its position
 ) -> Launch:  # fmt: skip
     """With counters and out: one launch, the splits combined by the last block of each row of blocks; without: the
-    partials, for attn_combine (kernels/README.md; dispatch.decode_attention chooses)."""
+    partials, for attn_combine over n*H heads (kernels/README.md; dispatch.decode_attention chooses)."""
     if prefetch is None:
         prefetch = dispatch.prefetch_keys()
     _heads(H, KVH, hd, vd)
@@ -78,40 +79,57 @@ def attn_decode(
         raise CudaError(f"attn_decode: {H // KVH} q heads a kv head cannot go in {parts} equal parts")
     if (counters is None) != (out is None):
         raise CudaError("attn_decode: counters and out come together (the folded combine)")
-    need(q, "q", "f4", H * hd, aligned=True)
+    if n < 1 or n * H * max(hd, n_splits * vd) >= 2**31:  # the kernel offsets a token's rows in 32-bit integers
+        raise CudaError(f"attn_decode: {n} tokens of {H} heads x {n_splits} splits do not fit its offsets")
+    need(q, "q", "f4", n * H * hd, aligned=True)
     need(pos, "pos", "i4", 1)
-    _cache(k_cache, v_cache, 1, KVH, hd, vd)
-    need(part_o, "part_o", "f4", H * n_splits * vd)
-    need(part_ml, "part_ml", "f4", H * n_splits * 2)
+    _cache(k_cache, v_cache, n, KVH, hd, vd)
+    need(part_o, "part_o", "f4", n * H * n_splits * vd)
+    need(part_ml, "part_ml", "f4", n * H * n_splits * 2)
     if counters is not None:
-        need(counters, "counters", "i4", KVH * parts)
-        need(out, "out", "f4", H * vd)
+        need(counters, "counters", "i4", n * KVH * parts)
+        need(out, "out", "f4", n * H * vd)
     fn = driver.module("attention").fn(kv_kernel("attn_decode", k_cache))
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             i32(n_splits), i32(min_chunk), i32(parts), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out),
             i32(1 if prefetch else 0)]  # fmt: skip
-    return Launch(fn, (KVH * parts, n_splits), (128,), args)
+    return Launch(fn, (KVH * parts, n_splits, n), (128,), args)
 
 
 def decode_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, pos: DeviceArray, H: int, KVH: int,
                     hd: int, vd: int, scale: float, part_o: DeviceArray, part_ml: DeviceArray, counters: DeviceArray,
-                    out: DeviceArray) -> list[Launch]:  # fmt: skip
-    """One decode token's attention into out (H*vd,) f32 over the key splits part_o holds (H, splits, vd), folded or
-    with attn_combine as dispatch.decode_attention picks for the head grouping (the model sizes part_o by
-    dispatch.decode_splits); part_o / part_ml / counters as attn_decode takes them."""
+                    out: DeviceArray, n: int = 1) -> list[Launch]:  # fmt: skip
+    """The attention of n tokens (n = 1: a decode step) into out (n, H*vd) f32, folded or with attn_combine as
+    dispatch.decode_attention picks for the head grouping. part_o (H, S, vd) and part_ml (H, S, 2) are the model's
+    (S = dispatch.decode_splits); n tokens take S // n splits each, so they fit the same buffers (n <= S). counters
+    as attn_decode takes them, n * H of them."""
     fold, min_chunk, parts = dispatch.decode_attention(H, KVH)
-    n = part_o.shape[1]
+    splits = part_o.shape[1] // n
+    if splits < 1:
+        raise CudaError(f"attn_decode: {n} tokens over partials of {part_o.shape[1]} splits")
+    part_o = part_o.view(0, (n * H, splits, vd))
+    part_ml = part_ml.view(0, (n * H, splits, 2))
     if fold:
-        return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n, part_o, part_ml, counters, out,
-                            min_chunk=min_chunk, parts=parts)]  # fmt: skip
-    return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n, part_o, part_ml, min_chunk=min_chunk,
-                        parts=parts),
-            attn_combine(part_o, part_ml, H, n, vd, out)]  # fmt: skip
+        return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, splits, part_o, part_ml, counters, out,
+                            min_chunk=min_chunk, parts=parts, n=n)]  # fmt: skip
+    return [attn_decode(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, splits, part_o, part_ml, min_chunk=min_chunk,
+                        parts=parts, n=n),
+            attn_combine(part_o, part_ml, n * H, splits, vd, out)]  # fmt: skip
+
+
+def attention_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, pos: DeviceArray, n: int, H: int,
+                       KVH: int, hd: int, vd: int, scale: float, part_o: DeviceArray, part_ml: DeviceArray,
+                       counters: DeviceArray, out: DeviceArray) -> list[Launch]:  # fmt: skip
+    """The causal attention of n tokens at positions *pos.. into out (n, H*vd): decode_launches while
+    dispatch.decode_tokens takes n (the buffers as there), else one attn_prefill launch."""
+    if dispatch.decode_tokens(n, part_o.shape[1]):
+        return decode_launches(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, part_o, part_ml, counters, out, n)
+    return [attn_prefill(q, k_cache, v_cache, pos, n, H, KVH, hd, vd, scale, out)]
 
 
 def split_counters(rows: int) -> DeviceArray:
-    """attn_decode's tickets, one a row of blocks (KVH x parts; a model holds H, enough for any parts): (rows,) i32,
-    zeroed."""
+    """attn_decode's tickets, one a row of blocks and token (KVH x parts x tokens; a model holds
+    dispatch.DECODE_TOKENS x H, enough for any parts): (rows,) i32, zeroed."""
     c = DeviceArray.empty((rows,), "i4")
     c.fill_byte(0)
     return c

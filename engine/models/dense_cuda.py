@@ -6,7 +6,8 @@ Per layer, for a batch of n tokens whose first position is in device memory (`ct
            small_batch.matmul3);
            attention; o (+x); gate/up SwiGLU with the FFN RMSNorm fused; down (+x).
   n >  64: RMSNorm rows; GEMM q, k, v; attention; GEMM o (+x); RMSNorm rows; GEMM gate/up SwiGLU; GEMM down (+x).
-Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n = 1) or causal prefill.
+Attention: qk_rope_kv (QK-norm, RoPE, K/V into the cache), then split-key decode (n <= dispatch.DECODE_TOKENS) or
+causal prefill.
 MoE layers (qwen3moe, Mixtral-style llama) replace the FFN by engine/models/moe_cuda.py's MoEFFN.
 Everything is allocated here, once; building a launch list allocates nothing on the device.
 """
@@ -24,7 +25,7 @@ from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import small_batch, vmm
-from engine.cuda.dispatch import SMALL_BATCH, decode_splits, mixed_matvec3, use_matvec
+from engine.cuda.dispatch import DECODE_TOKENS, SMALL_BATCH, decode_splits, mixed_matvec3, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -87,7 +88,7 @@ class CudaModel:
         splits = decode_splits(c.n_heads, c.n_kv_heads, c.value_dim)
         self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
-        self.tickets = ka.split_counters(c.n_heads)  # (H,) i32, attn_decode's (KVH x parts of them used)
+        self.tickets = ka.split_counters(DECODE_TOKENS * c.n_heads)  # (16*H,) i32: attn_decode's (n x KVH x parts)
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # (layers, max_seq, KVH, hd) f32 or f16, rows mapped by need
@@ -121,12 +122,9 @@ class CudaModel:
                                      c.rope_theta, freq_scale, self.rope_freqs, c.rope_type == "neox",
                                      self.pos, kc, vc, yarn=yarn))  # fmt: skip
             scale = 1.0 / math.sqrt(c.head_dim)
-            if n == 1:
-                out += ka.decode_launches(self.q, kc, vc, self.pos, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
-                                          scale, self.part_o, self.part_ml, self.tickets, self.att)  # fmt: skip
-            else:
-                out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
-                                           c.value_dim, scale, self.att))  # fmt: skip
+            out += ka.attention_launches(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
+                                         c.value_dim, scale, self.part_o, self.part_ml, self.tickets,
+                                         self.att)  # fmt: skip
             out += self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x)
             out += self._ffn(L, n) if self.moe[i] is None else self.moe[i].launches(self.x, n, L["ffn_norm"])
         return out

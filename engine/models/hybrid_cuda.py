@@ -30,7 +30,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import memory, small_batch, vmm
-from engine.cuda.dispatch import decode_splits, use_matvec
+from engine.cuda.dispatch import DECODE_TOKENS, decode_splits, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -136,7 +136,7 @@ class CudaModel:
         splits = decode_splits(c.n_heads, c.n_kv_heads, c.value_dim)
         self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
         self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
-        self.tickets = ka.split_counters(c.n_heads)  # (H,) i32, attn_decode's (KVH x parts of them used)
+        self.tickets = ka.split_counters(DECODE_TOKENS * c.n_heads)  # (16*H,) i32: attn_decode's (n x KVH x parts)
         kv_k, kv_v = (n_attn, self.max_seq, c.n_kv_heads, c.head_dim), (n_attn, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # f32 or f16, rows mapped by need
         self.v_cache = vmm.cache(kv_v, self.kv_dtype)  # f32 or f16, rows mapped by need
@@ -293,11 +293,8 @@ class CudaModel:
                                  c.norm_eps, c.rope_dim, c.rope_theta, self._freq_scale(), None, c.rope_type == "neox",
                                  self.pos, kc, vc))  # fmt: skip
         scale = 1.0 / math.sqrt(hd)
-        if n == 1:
-            out += ka.decode_launches(self.q, kc, vc, self.pos, H, KVH, hd, vd, scale, self.part_o, self.part_ml,
-                                      self.tickets, self.att)  # fmt: skip
-        else:
-            out.append(ka.attn_prefill(self.q, kc, vc, self.pos, n, H, KVH, hd, vd, scale, self.att))
+        out += ka.attention_launches(self.q, kc, vc, self.pos, n, H, KVH, hd, vd, scale, self.part_o, self.part_ml,
+                                     self.tickets, self.att)  # fmt: skip
         out.append(kd.sigmoid_mul(self.att, self.gate, n * H * vd))
         out += self._matmul(L["attn_output"], self.att, n, self.x, resid=self.x)
         return out

@@ -63,7 +63,10 @@ def profile(engine, prompt_tokens: int = 64, repeats: int = 200, ablate: bool = 
     runner.reset()
     ids = [i % engine.config.n_vocab for i in range(1, prompt_tokens + 1)]
     runner.forward(ids, out="none")
-    launches = runner.decode_launches(ids[-1]) if batch == 1 else runner.batch_launches(ids[:batch])
+    if batch == 1:
+        launches = runner.decode_launches(ids[-1])
+    else:
+        launches = runner.batch_launches([(prompt_tokens + 1 + i) % engine.config.n_vocab for i in range(batch)])
     stream = runner.stream
     step_ms = replay_ms(launches, stream, repeats)
     rows = []
