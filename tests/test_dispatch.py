@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine.cuda import dispatch, k_matvec, k_tc_matvec
+from engine.cuda.memory import DeviceArray, DeviceWeight
+from engine.errors import CudaError
 from engine.quants import GGMLType
 
 
@@ -84,3 +88,21 @@ def test_short_batches_take_the_decode_attention(monkeypatch) -> None:
     assert not dispatch.decode_tokens(13, 8)  # 13 tokens do not fit partials of 8 splits
     monkeypatch.setenv("REFLEX_DECODE_TOKENS", "0")
     assert dispatch.decode_tokens(1, 49) and not dispatch.decode_tokens(2, 49)
+
+
+def test_three_matrices_pack_padded_to_three() -> None:
+    """matvec3 and tcmv3's shared packing: pointers, row bytes and rows of three matrices (a missing one: no rows),
+    the outputs, the type tag (a pair's b last) and the blocks; the order rule's refusals name the kernel."""
+    q, k = DeviceWeight(0x1000, GGMLType.Q4_K, 20, 256, 144, "q"), DeviceWeight(0x2000, GGMLType.Q4_K, 8, 256, 144, "k")
+    v = DeviceWeight(0x3000, GGMLType.Q6_K, 8, 256, 210, "v")
+    ys = [DeviceArray(0x4000 + 0x100 * i, (1, 20), "f4", False) for i in range(3)]
+    tags, weights, outs, blocks = k_matvec.matvec3_operands("tcmv3", [q, k, v], ys, 8)
+    assert tags == "q4_k_q6_k" and blocks == 3 + 1 + 1
+    assert [a.value for a in weights] == [0x1000, 0x2000, 0x3000, 144, 144, 210, 20, 8, 8]
+    assert [a.value for a in outs] == [0x4000, 0x4100, 0x4200]
+    tags, weights, outs, blocks = k_matvec.matvec3_operands("matvec3", [q], ys[:1], 8)
+    assert tags == "q4_k" and blocks == 3
+    assert [a.value for a in weights] == [0x1000, 0x1000, 0x1000, 144, 144, 144, 20, 0, 0]
+    assert [a.value for a in outs] == [0x4000] * 3
+    with pytest.raises(CudaError, match="tcmv3 takes matrices of one width"):
+        k_matvec.matvec3_operands("tcmv3", [q, v, k], ys, 8)

@@ -119,29 +119,35 @@ def matvec3(
 ) -> Launch:
     """One launch for the matvecs of one token through matrices that read the same x (q/k/v): results equal to
     one `matvec` launch each, bit for bit."""
-    if not 1 <= len(ws) <= 3 or len(ys) != len(ws):
-        raise CudaError(f"matvec3 takes 1 to 3 matrices and as many outputs, got {len(ws)} and {len(ys)}")
-    w0, types = ws[0], [w.ggml_type for w in ws]
-    if any(w.cols != w0.cols for w in ws) or matvec3_order(types) != list(range(len(ws))):
-        got = ", ".join(f"{w.name} {w.tag} x{w.cols}" for w in ws)
-        raise CudaError(f"matvec3 takes matrices of one width, of one type or two of a and one of b (b last) for "
-                        f"(a, b) in MATVEC3_PAIRS, got {got}")  # fmt: skip
-    need(x, "x", "f4", w0.cols, aligned=True)
+    tags, weights, outs, blocks = matvec3_operands("matvec3", ws, ys, ROWS_PER_BLOCK)
+    need(x, "x", "f4", ws[0].cols, aligned=True)
     if norm_w is not None:
-        need(norm_w, "norm_w", "f4", w0.cols, aligned=True)
+        need(norm_w, "norm_w", "f4", ws[0].cols, aligned=True)
     for w, y in zip(ws, ys, strict=True):
         need_aligned_weight(w)
         need(y, "y", "f4", w.rows)
+    fn = driver.module("matvec").fn(f"matvec3{'_16' if _i16(1, [w.ggml_type for w in ws]) else ''}_{tags}_n1")
+    return Launch(fn, (blocks,), (THREADS,), [*weights, i32(ws[0].cols), ptr(x), ptr(norm_w), f32(eps), *outs])
+
+
+def matvec3_operands(kernel: str, ws: list[DeviceWeight], ys: list[DeviceArray],
+                     per_block: int) -> tuple[str, list, list, int]:  # fmt: skip
+    """Up to three matrices of one width for one launch (matvec3, tc_matvec's tcmv3), checked (matvec3_order) and
+    packed: the type tag of the kernel's name, the weight arguments (pointers, row bytes, rows; padded to three, a
+    missing matrix has no rows), the outputs' pointers, and the grid's blocks of `per_block` rows."""
+    if not 1 <= len(ws) <= 3 or len(ys) != len(ws):
+        raise CudaError(f"{kernel} takes 1 to 3 matrices and as many outputs, got {len(ws)} and {len(ys)}")
+    w0, types = ws[0], [w.ggml_type for w in ws]
+    if any(w.cols != w0.cols for w in ws) or matvec3_order(types) != list(range(len(ws))):
+        got = ", ".join(f"{w.name} {w.tag} x{w.cols}" for w in ws)
+        raise CudaError(f"{kernel} takes matrices of one width, of one type or two of a and one of b (b last) for "
+                        f"(a, b) in MATVEC3_PAIRS, got {got}")  # fmt: skip
     pad = 3 - len(ws)
-    ptrs = [w.ptr for w in ws] + [w0.ptr] * pad
-    row_bytes = [w.row_bytes for w in ws] + [w0.row_bytes] * pad
     rows = [w.rows for w in ws] + [0] * pad
-    outs = [*ys] + [ys[0]] * pad
+    weights = [*(ptr(w.ptr) for w in ws + [w0] * pad), *(i64(w.row_bytes) for w in ws + [w0] * pad),
+               *(i32(r) for r in rows)]  # fmt: skip
     tags = w0.tag if len(set(types)) == 1 else f"{w0.tag}_{ws[2].tag}"
-    fn = driver.module("matvec").fn(f"matvec3{'_16' if _i16(1, types) else ''}_{tags}_n1")
-    args = [*(ptr(p) for p in ptrs), *(i64(b) for b in row_bytes), *(i32(r) for r in rows), i32(w0.cols), ptr(x),
-            ptr(norm_w), f32(eps), *(ptr(y) for y in outs)]  # fmt: skip
-    return Launch(fn, (sum(_blocks(r, ROWS_PER_BLOCK) for r in rows),), (THREADS,), args)
+    return tags, weights, [ptr(y) for y in [*ys] + [ys[0]] * pad], sum(_blocks(r, per_block) for r in rows)
 
 
 def matvec_swiglu(

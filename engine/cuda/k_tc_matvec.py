@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, i64, ptr
-from engine.cuda.k_matvec import matvec3_order
+from engine.cuda.k_matvec import matvec3_operands
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_weight, need_same_layout
 from engine.errors import CudaError
 from engine.quants import GGMLType
@@ -101,23 +101,9 @@ def tcmv3(
 ) -> Launch:
     """One launch for the small-batch matmuls of matrices that read the same x (q/k/v): results equal to one `tcmv`
     launch each, bit for bit."""
-    types = [w.ggml_type for w in ws]
-    if not 1 <= len(ws) <= 3 or len(ys) != len(ws) or not all(has(t) for t in types):
-        raise CudaError(f"tcmv3 takes 1 to 3 matrices of tc_matvec's types and as many outputs, got {len(ws)} and "
-                        f"{len(ys)}")  # fmt: skip
-    w0 = ws[0]
-    if any(w.cols != w0.cols for w in ws) or matvec3_order(types) != list(range(len(ws))):
-        got = ", ".join(f"{w.name} {w.tag} x{w.cols}" for w in ws)
-        raise CudaError(f"tcmv3 takes matrices of one width, of one type or two of a and one of b (b last) for (a, b) "
-                        f"in k_matvec.MATVEC3_PAIRS, got {got}")  # fmt: skip
+    if not all(has(w.ggml_type) for w in ws):
+        raise CudaError(f"tcmv3 takes matrices of tc_matvec's types, got {', '.join(w.tag for w in ws)}")
+    tags, weights, outs, blocks = matvec3_operands("tcmv3", ws, ys, ROWS_PER_BLOCK)
     tile = max(_check(w, x, n, y, norm_w) for w, y in zip(ws, ys, strict=True))
-    pad = 3 - len(ws)
-    ptrs = [w.ptr for w in ws] + [w0.ptr] * pad
-    row_bytes = [w.row_bytes for w in ws] + [w0.row_bytes] * pad
-    rows = [w.rows for w in ws] + [0] * pad
-    outs = [*ys] + [ys[0]] * pad
-    tags = w0.tag if len(set(types)) == 1 else f"{w0.tag}_{ws[2].tag}"
     fn = driver.module("tc_matvec").fn(f"tcmv3_{tags}_m{tile}")
-    args = [*(ptr(p) for p in ptrs), *(i64(b) for b in row_bytes), *(i32(r) for r in rows), i32(w0.cols), ptr(x),
-            i32(n), ptr(norm_w), f32(eps), *(ptr(y) for y in outs)]  # fmt: skip
-    return Launch(fn, (sum(_grid(r)[0] for r in rows),), (THREADS,), args)
+    return Launch(fn, (blocks,), (THREADS,), [*weights, i32(ws[0].cols), ptr(x), i32(n), ptr(norm_w), f32(eps), *outs])
