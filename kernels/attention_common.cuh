@@ -1,5 +1,5 @@
-// Helpers shared by kernels/attention.cu, attention_prefill.cuh and mla.cu: float4 access, the K/V cache element
-// (float, or __half when KV_CACHE_TYPE=f16), small vector math, warp sums.
+// Helpers shared by kernels/attention.cu (and its attention_decode.cuh, attention_prefill.cuh) and mla.cu: float4
+// access, the K/V cache element (float, or __half when KV_CACHE_TYPE=f16), small vector math, warp sums.
 #pragma once
 #include <stdint.h>
 

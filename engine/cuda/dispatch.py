@@ -182,7 +182,7 @@ def shared_parts(G: int) -> int:
 
 
 def prefetch_keys() -> bool:
-    """Whether attn_decode pulls each block's cache rows into L2 before its wait (kernels/attention.cu,
+    """Whether attn_decode pulls each block's cache rows into L2 before its wait (kernels/attention_decode.cuh,
     prefetch_keys), so its dependent reads after it meet L2 (REFLEX_ATTN_PREFETCH=0, for comparisons). One H200
     (2026-12-04, engine profile, 64-key context, two rounds): Qwen3-0.6B shape step 0.9551 / 0.9564 -> 0.8939 / 0.8940
     ms (attn_decode's cost in the step, by ablation, 11.8 -> 9.9 us a launch); 4-layer 30B-A3B 0.3276 / 0.3273 ->
