@@ -4,10 +4,11 @@
 // tcmv_{t}_m{M}: y[t, r] = (resid[t, r] +) W[r] . xn[t] for n <= M tokens (M = 16, 32, 64), xn = x or RMSNorm(x);
 // tcmv_swiglu_{t}_m{M}: y = silu(Wg . xn) * (Wu . xn). The quantized common types (q8_0 ... q6_k).
 //
-// A block (8 warps) owns weight rows [8 b, +8) and every token; its warps split K (both matrices of a SwiGLU: warps
-// 0-3 on Wg, 4-7 on Wu) in chunks of 32 values, chunk c to warp c mod (warps a matrix), and reduce over shared memory
-// in a fixed order at the end. A chunk is two mma.m16n8k16 steps per 16 tokens: the tokens are the M side (A, row
-// major), the block's 8 rows the N side (B, column major), so one weight fragment serves all the token tiles.
+// A block (WARPS warps) owns weight rows [8 RT b, +8 RT) and every token; its warps split K (both matrices of a
+// SwiGLU: the first half of the warps on Wg, the second on Wu) in chunks of 32 values, chunk c to warp c mod (warps a
+// matrix), and reduce over shared memory in a fixed order at the end. A chunk is two mma.m16n8k16 steps per 16 tokens
+// and 8 rows: the tokens are the M side (A, row major), 8 rows the N side (B, column major), so one weight fragment
+// serves all the token tiles and one split of x all RT fragments.
 //
 // K order inside a chunk. mma wants lane (g, q) = (lane / 4, lane % 4) to hold k slots {2q, 2q+1, 2q+8, 2q+9} of a
 // k16 step for A's rows g, g+8 and B's column g. The sum over k does not care which value sits in which slot, as
@@ -22,7 +23,7 @@
 // factors out of the dot products and is applied last, as in matvec_block.cuh. Agreement with the float32 matvec is
 // at the level of float32 rounding (tests/test_cuda_tc_matvec.py).
 //
-// Weight rows of at most STAGE_MAX_K values are staged through shared memory first (stage.cuh; matvec_block.cuh's
+// Weight rows of at most stage_max_k values are staged through shared memory first (stage.cuh; matvec_block.cuh's
 // reasons), longer ones are read from global memory directly. Rows past R re-read row R - 1 and tokens past n token
 // n - 1; neither is written.
 #include "common.cuh"
@@ -32,12 +33,28 @@
 
 namespace {
 
-constexpr int ROWS = 8, WARPS = 8, THREADS = 32 * WARPS;
-constexpr int STAGE_MAX_K = 2048;
+constexpr int ROWS = 8;
+// The shape of a block (k_tc_matvec.rows_per_block, WARPS_*). A launch takes about one warp's chunk loop, its
+// instructions back to back (Nsight Compute, H200, 16 tokens: a warp issues every ~6 cycles, ~4 warps a scheduler),
+// and the split of x is as many of them as a Q4_K fragment's decode and split. tcmv_swiglu and tcmv3 (gate/up,
+// q/k/v: the most rows) take RT_WIDE = 2 fragments a block at 16 and 32 tokens, so a split of x serves two (RT = 2
+// spills at 64); tcmv (o, down: the fewest rows, the longest K) takes 16 warps, each with half the chunks. On an H200
+// (2026-12-04, Qwen3-0.6B shape, engine profile --batch 13, from 8 rows x 8 warps everywhere): tcmv3 12.5 -> 9.5 us,
+// tcmv_swiglu 14.7 -> 14.2, tcmv Q4_K 8.3 -> 7.1, Q6_K down 10.7 -> 9.4; 16 warps for tcmv3 / tcmv_swiglu too was
+// slower (15.9 / 17.6 at 8 rows, 11.5 / 15.6 at 16).
+template <int MT>
+constexpr int RT_WIDE = MT >= 4 ? 1 : 2;
+constexpr int WARPS_WIDE = 8, WARPS_ONE = 16;
 constexpr float LO_UP = 2048.f, LO_DOWN = 1.f / 2048.f;  // 2^11: lo halves are kept scaled up into f16's range
 
-template <int T>
-constexpr int PITCH = stage::pitch(STAGE_MAX_K / q::Quant<T>::QK * q::Quant<T>::BYTES);
+// Rows longer than this are read from global memory: 2048 values while a block stages at most 16 rows (a Q6_K row
+// of 2048 is 1,680 bytes), 1024 beyond, so the staging stays within 48 KB of static shared memory.
+__host__ __device__ constexpr int stage_max_k(int fragments) { return fragments <= 2 ? 2048 : 1024; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+// Staged bytes a row for blocks of the given 8-row fragments (matrices times RT).
+template <int T, int FRAGMENTS>
+constexpr int PITCH = stage::pitch(stage_max_k(FRAGMENTS) / q::Quant<T>::QK * q::Quant<T>::BYTES);
 
 // A value's two f16 halves, packed with its neighbour's: hi = (f16(a), f16(b)), lo = the remainders times 2^11.
 __device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t& lo) {
@@ -76,11 +93,12 @@ __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {  // plain
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// One 16-token tile through one chunk: x0, x1 are this lane's 8 values of tokens g and g + 8 (times norm_w when
-// normed), b, bl the weight fragments' hi and lo halves (steps 0 and 1); acc[0..1] are token g's sums for rows 2q,
-// 2q + 1, acc[2..3] token g + 8's.
-__device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x1)[8], const uint32_t (&b)[4],
-                                           const uint32_t (&bl)[4], float (&acc)[4]) {
+// One 16-token tile through one chunk for RT weight fragments (8 rows each): x0, x1 are this lane's 8 values of
+// tokens g and g + 8 (times norm_w when normed), split once for all RT; b[j], bl[j] fragment j's hi and lo halves
+// (steps 0 and 1); acc[j][0..1] are token g's sums for rows 8 j + 2q, 8 j + 2q + 1, acc[j][2..3] token g + 8's.
+template <int RT>
+__device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x1)[8], const uint32_t (&b)[RT][4],
+                                           const uint32_t (&bl)[RT][4], float (&acc)[RT][4]) {
     float am0 = 0.f, am1 = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) am0 = fmaxf(am0, fabsf(x0[i])), am1 = fmaxf(am1, fabsf(x1[i]));
@@ -92,7 +110,7 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
     float down0, up0, down1, up1;
     pow2_scale(am0, down0, up0);
     pow2_scale(am1, down1, up1);
-    float hh[4] = {0.f, 0.f, 0.f, 0.f}, side[4] = {0.f, 0.f, 0.f, 0.f};  // hi.hi; hi.lo + lo.hi (times 2^11)
+    float hh[RT][4] = {}, side[RT][4] = {};  // hi.hi; hi.lo + lo.hi (times 2^11)
 #pragma unroll
     for (int s = 0; s < 2; ++s) {  // step s: values 4s + {0,1} in slots 2q + {0,1}, 4s + {2,3} in 2q + {8,9}
         uint32_t ah[4], al[4];
@@ -100,64 +118,75 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
         split2(x1[4 * s] * down1, x1[4 * s + 1] * down1, ah[1], al[1]);
         split2(x0[4 * s + 2] * down0, x0[4 * s + 3] * down0, ah[2], al[2]);
         split2(x1[4 * s + 2] * down1, x1[4 * s + 3] * down1, ah[3], al[3]);
-        mma(hh, ah, b[2 * s], b[2 * s + 1]);
-        mma(side, ah, bl[2 * s], bl[2 * s + 1]);
-        mma(side, al, b[2 * s], b[2 * s + 1]);
+#pragma unroll
+        for (int j = 0; j < RT; ++j) {
+            mma(hh[j], ah, b[j][2 * s], b[j][2 * s + 1]);
+            mma(side[j], ah, bl[j][2 * s], bl[j][2 * s + 1]);
+            mma(side[j], al, b[j][2 * s], b[j][2 * s + 1]);
+        }
     }
-    acc[0] = fmaf(up0, fmaf(side[0], LO_DOWN, hh[0]), acc[0]);
-    acc[1] = fmaf(up0, fmaf(side[1], LO_DOWN, hh[1]), acc[1]);
-    acc[2] = fmaf(up1, fmaf(side[2], LO_DOWN, hh[2]), acc[2]);
-    acc[3] = fmaf(up1, fmaf(side[3], LO_DOWN, hh[3]), acc[3]);
+#pragma unroll
+    for (int j = 0; j < RT; ++j) {
+        acc[j][0] = fmaf(up0, fmaf(side[j][0], LO_DOWN, hh[j][0]), acc[j][0]);
+        acc[j][1] = fmaf(up0, fmaf(side[j][1], LO_DOWN, hh[j][1]), acc[j][1]);
+        acc[j][2] = fmaf(up1, fmaf(side[j][2], LO_DOWN, hh[j][2]), acc[j][2]);
+        acc[j][3] = fmaf(up1, fmaf(side[j][3], LO_DOWN, hh[j][3]), acc[j][3]);
+    }
 }
 
-// The block's rows for MT 16-token tiles and NM matrices (1: W0; 2: silu(W0 .) * (W1 .)).
-// Row block rb: rows [8 rb, +8).
-template <int T, int MT, int NM>
+// Shared memory of tcmv_block: the staged rows, then (after a barrier) the warps' partial sums and sums of squares.
+template <int T, int MT, int NM, int RT, int WARPS>
+constexpr int SMEM_BYTES = cmax(NM * ROWS * RT * PITCH<T, NM * RT>,
+                                4 * (WARPS * 16 * MT * ROWS * RT + WARPS / NM * 16 * MT));
+
+// The block's rows for MT 16-token tiles and NM matrices (1: W0; 2: silu(W0 .) * (W1 .)), RT fragments of 8 rows
+// each, K split among WARPS warps: row block rb is rows [8 RT rb, +8 RT), and a lane splits its x once a chunk for
+// all RT fragments. smem: SMEM_BYTES<T, MT, NM, RT, WARPS> bytes, 16-byte aligned.
+
+template <int T, int MT, int NM, int RT, int WARPS>
 __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                            const float* x, int n, const float* norm_w, float eps, const float* resid,
-                                           float* y, int rb) {
-    constexpr int TEAM = WARPS / NM, NTOK = 16 * MT, P = PITCH<T>;
-    constexpr int STAGE_BYTES = NM * ROWS * P, RED_BYTES = 4 * (WARPS * NTOK * ROWS + TEAM * NTOK);
-    // The staged rows, then (after a barrier) the warps' partial sums over the same bytes.
-    __shared__ __align__(16) uint8_t smem[STAGE_BYTES > RED_BYTES ? STAGE_BYTES : RED_BYTES];
-    float* red = reinterpret_cast<float*>(smem);  // [warp][token * 8 + row]
-    float* red_ss = red + WARPS * NTOK * ROWS;    // [slice][token]: sums of squares of x from team 0
+                                           float* y, int rb, uint8_t* smem) {
+    constexpr int THREADS = 32 * WARPS, TEAM = WARPS / NM, NTOK = 16 * MT, BR = ROWS * RT, P = PITCH<T, NM * RT>;
+    float* red = reinterpret_cast<float*>(smem);  // [warp][token * BR + row]
+    float* red_ss = red + WARPS * NTOK * BR;      // [slice][token]: sums of squares of x from team 0
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, qd = lane & 3;
-    const int team = warp / TEAM, slice = warp % TEAM, r0 = rb * ROWS;
-    const uint8_t* row = (team ? W1 : W0) + (long long)min(r0 + g, R - 1) * row_bytes;
+    const int team = warp / TEAM, slice = warp % TEAM, r0 = rb * BR;
+    const uint8_t* row[RT];  // fragment j's row: r0 + 8 j + g
+#pragma unroll
+    for (int j = 0; j < RT; ++j) row[j] = (team ? W1 : W0) + (long long)min(r0 + ROWS * j + g, R - 1) * row_bytes;
 
-    const bool staged = K <= STAGE_MAX_K;
+    const bool staged = K <= stage_max_k(NM * RT);
     if (staged) {
         constexpr int NG = P / 16;  // granules a staged row
-        for (int i = tid; i < NM * ROWS * NG; i += THREADS) {
-            const int s = i / NG;  // staged row s: matrix s / 8, row r0 + s % 8
-            const uint8_t* src = (s < ROWS ? W0 : W1) + (long long)min(r0 + s % ROWS, R - 1) * row_bytes;
+        for (int i = tid; i < NM * BR * NG; i += THREADS) {
+            const int s = i / NG;  // staged row s: matrix s / BR, row r0 + s % BR
+            const uint8_t* src = (s < BR ? W0 : W1) + (long long)min(r0 + s % BR, R - 1) * row_bytes;
             stage::granule(smem + s * P, src, int(row_bytes), i - s * NG);
         }
         stage::wait();
         __syncthreads();
-        row = stage::landed(smem + (team * ROWS + g) * P, row);
+#pragma unroll
+        for (int j = 0; j < RT; ++j) row[j] = stage::landed(smem + (team * BR + ROWS * j + g) * P, row[j]);
     }
 
     int xo[MT][2];  // this lane's tokens g and g + 8 of each tile, clamped to the last (n * K < 2^31: n <= 64)
 #pragma unroll
     for (int m = 0; m < MT; ++m) xo[m][0] = min(16 * m + g, n - 1) * K, xo[m][1] = min(16 * m + g + 8, n - 1) * K;
-    float acc[MT][4], ss[MT][2];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-        ss[m][0] = ss[m][1] = 0.f;
-    }
+    float acc[MT][RT][4] = {}, ss[MT][2] = {};
     const int chunks = K >> 5;
     // Not unrolled: two chunks in flight for the 16- and 32-token tiles measured no faster on an H200 (2026-12-03,
     // scripts/bench_small_batch.py, a Qwen3-0.6B layer: n = 16 47.4 -> 47.0 us, n = 32 67.1 -> 70.2).
     for (int c = slice; c < chunks; c += TEAM) {
         const int k = 32 * c + 8 * qd;  // this lane's 8 values of the chunk
-        float w[8];
-        q::Quant<T>::load8(row, k >> 3, w);
-        uint32_t b[4], bl[4];
+        uint32_t b[RT][4], bl[RT][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) split2(w[2 * i], w[2 * i + 1], b[i], bl[i]);
+        for (int j = 0; j < RT; ++j) {
+            float w[8];
+            q::Quant<T>::load8(row[j], k >> 3, w);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) split2(w[2 * i], w[2 * i + 1], b[j][i], bl[j][i]);
+        }
         float nw[8];
         if (norm_w) load8(norm_w + k, nw);
 #pragma unroll
@@ -174,17 +203,20 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
                     x1[i] *= nw[i];
                 }
             }
-            tile_chunk(x0, x1, b, bl, acc[m]);
+            tile_chunk<RT>(x0, x1, b, bl, acc[m]);
         }
     }
 
     if (staged) __syncthreads();  // every warp is done with the staged rows: red goes over them
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-        const int t0 = 16 * m + g;  // acc[m][0..1]: token t0, rows 2q, 2q+1; acc[m][2..3]: token t0 + 8
-        *reinterpret_cast<float2*>(red + warp * NTOK * ROWS + t0 * ROWS + 2 * qd) = make_float2(acc[m][0], acc[m][1]);
-        *reinterpret_cast<float2*>(red + warp * NTOK * ROWS + (t0 + 8) * ROWS + 2 * qd) =
-            make_float2(acc[m][2], acc[m][3]);
+        const int t0 = 16 * m + g;  // acc[m][j][0..1]: token t0, rows 8 j + 2q, +1; acc[m][j][2..3]: token t0 + 8
+        float* out = red + warp * NTOK * BR + 2 * qd;
+#pragma unroll
+        for (int j = 0; j < RT; ++j) {
+            *reinterpret_cast<float2*>(out + t0 * BR + ROWS * j) = make_float2(acc[m][j][0], acc[m][j][1]);
+            *reinterpret_cast<float2*>(out + (t0 + 8) * BR + ROWS * j) = make_float2(acc[m][j][2], acc[m][j][3]);
+        }
         if (norm_w) {
 #pragma unroll
             for (int o = 1; o <= 2; o <<= 1) {
@@ -196,15 +228,15 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     }
     __syncthreads();
 
-    for (int i = tid; i < NTOK * ROWS; i += THREADS) {  // output (token i / 8, row r0 + i % 8)
-        const int t = i / ROWS, r = r0 + i % ROWS;
+    for (int i = tid; i < NTOK * BR; i += THREADS) {  // output (token i / BR, row r0 + i % BR)
+        const int t = i / BR, r = r0 + i % BR;
         if (t >= n || r >= R) continue;
         float a = 0.f, b = 0.f, s = 1.f;
 #pragma unroll
-        for (int w = 0; w < TEAM; ++w) a += red[w * NTOK * ROWS + i];
+        for (int w = 0; w < TEAM; ++w) a += red[w * NTOK * BR + i];
         if constexpr (NM == 2) {
 #pragma unroll
-            for (int w = 0; w < TEAM; ++w) b += red[(TEAM + w) * NTOK * ROWS + i];
+            for (int w = 0; w < TEAM; ++w) b += red[(TEAM + w) * NTOK * BR + i];
         }
         if (norm_w) {
             float q = 0.f;
@@ -222,61 +254,68 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     }
 }
 
-// Before the wait (pdl.cuh): row block rb's rows into L2, while the kernel that computes x may still run.
-__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R, int rb) {
-    const int r0 = rb * ROWS;
-    if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(ROWS, R - r0) * row_bytes);
+// Before the wait (pdl.cuh): row block rb's rows (BR of them) into L2, while the kernel that computes x may still run.
+__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R, int rb, int BR) {
+    const int r0 = rb * BR;
+    if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(BR, R - r0) * row_bytes);
 }
 
 // Up to three matrices of one width through one launch (q/k/v): matrix m's row blocks follow those of the matrices
-// before it; matrices 0 and 1 are of type T0, matrix 2 of T1. Each block computes what tcmv_block would in a launch
-// of its own matrix, bit for bit. R_m = 0: no blocks.
+// before it; matrices 0 and 1 are of type T0, matrix 2 of T1. Each block computes what it would in a launch of its
+// own matrix, bit for bit (blocks of 8 RT rows and WARPS_WIDE warps, as tcmv_swiglu's). R_m = 0: no blocks.
 template <int T0, int T1, int MT>
 __device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long bytes0,
                                             long long bytes1, long long bytes2, int R0, int R1, int R2, int K,
                                             const float* x, int n, const float* norm_w, float eps, float* y0,
                                             float* y1, float* y2) {
-    const int b0 = (R0 + ROWS - 1) / ROWS, b1 = (R1 + ROWS - 1) / ROWS, b = blockIdx.x;
+    constexpr int RT = RT_WIDE<MT>, BR = ROWS * RT, WA = WARPS_WIDE;
+    const int b0 = (R0 + BR - 1) / BR, b1 = (R1 + BR - 1) / BR, b = blockIdx.x;
     const int m = b < b0 ? 0 : b < b0 + b1 ? 1 : 2, rb = b - (m == 0 ? 0 : m == 1 ? b0 : b0 + b1);
     const uint8_t* W = m == 0 ? W0 : m == 1 ? W1 : W2;
     const long long row_bytes = m == 0 ? bytes0 : m == 1 ? bytes1 : bytes2;
     const int R = m == 0 ? R0 : m == 1 ? R1 : R2;
     float* y = m == 0 ? y0 : m == 1 ? y1 : y2;
-    prefetch_rows(W, row_bytes, R, rb);
+    __shared__ __align__(16) uint8_t smem[cmax(SMEM_BYTES<T0, MT, 1, RT, WA>, SMEM_BYTES<T1, MT, 1, RT, WA>)];
+    prefetch_rows(W, row_bytes, R, rb, BR);
     pdl::wait();
     if constexpr (T0 == T1) {
-        tcmv_block<T0, MT, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb);
+        tcmv_block<T0, MT, 1, RT, WA>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
     } else {
-        if (m < 2) tcmv_block<T0, MT, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb);
-        else tcmv_block<T1, MT, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb);
+        if (m < 2) tcmv_block<T0, MT, 1, RT, WA>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
+        else tcmv_block<T1, MT, 1, RT, WA>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
     }
 }
 
 }  // namespace
 
 #define TCMV(tag, T, M)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_ONE, 16 / WARPS_ONE)                                                 \
         tcmv_##tag##_m##M(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,               \
                           const float* norm_w, float eps, const float* resid, float* y) {                           \
         pdl::launch_dependents();                                                                                   \
-        prefetch_rows(W, row_bytes, R, blockIdx.x);                                                                 \
+        __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 1, 1, WARPS_ONE>];                              \
+        prefetch_rows(W, row_bytes, R, blockIdx.x, ROWS);                                                           \
         pdl::wait();                                                                                                \
-        tcmv_block<T, M / 16, 1>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, blockIdx.x);                   \
+        tcmv_block<T, M / 16, 1, 1, WARPS_ONE>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, blockIdx.x,      \
+                                               smem);                                                               \
     }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_WIDE, 16 / WARPS_WIDE)                                                \
         tcmv_swiglu_##tag##_m##M(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,           \
                                  const float* x, int n, const float* norm_w, float eps, float* y) {                 \
         pdl::launch_dependents();                                                                                   \
-        prefetch_rows(Wg, row_bytes, R, blockIdx.x);                                                                \
-        prefetch_rows(Wu, row_bytes, R, blockIdx.x);                                                                \
+        constexpr int RT = RT_WIDE<M / 16>;                                                                         \
+        __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 2, RT, WARPS_WIDE>];                            \
+        prefetch_rows(Wg, row_bytes, R, blockIdx.x, ROWS * RT);                                                     \
+        prefetch_rows(Wu, row_bytes, R, blockIdx.x, ROWS * RT);                                                     \
         pdl::wait();                                                                                                \
-        tcmv_block<T, M / 16, 2>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, blockIdx.x);               \
+        tcmv_block<T, M / 16, 2, RT, WARPS_WIDE>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y,            \
+                                                 blockIdx.x, smem);                                                 \
     }
 #define TCMV_KERNELS(tag, T) TCMV(tag, T, 16) TCMV(tag, T, 32) TCMV(tag, T, 64)
 
 // tcmv3_{tag}_m{M}: q/k/v of one type; tcmv3_{a}_{b}_m{M}: two of type a, the last of b (k_matvec.MATVEC3_PAIRS).
 #define TCMV3(tag, T0, T1, M)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_WIDE, 16 / WARPS_WIDE)                                                \
         tcmv3_##tag##_m##M(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long bytes0,               \
                            long long bytes1, long long bytes2, int R0, int R1, int R2, int K, const float* x, int n, \
                            const float* norm_w, float eps, float* y0, float* y1, float* y2) {                        \

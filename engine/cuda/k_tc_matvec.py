@@ -15,8 +15,8 @@ from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_aligned_wei
 from engine.errors import CudaError
 from engine.quants import GGMLType
 
-ROWS_PER_BLOCK = 8  # output rows a block; its 8 warps split K
-THREADS = 256
+FRAGMENT_ROWS = 8  # rows of one mma weight fragment
+WARPS_WIDE, WARPS_ONE = 8, 16  # warps a block of tcmv_swiglu / tcmv3, of tcmv; they split K (kernels/tc_matvec.cu)
 TOKEN_TILES = (16, 32, 64)  # tcmv_*_m{M} variants; a launch of n tokens uses the smallest M >= n
 MAX_TOKENS = TOKEN_TILES[-1]
 TYPES = frozenset(
@@ -28,6 +28,12 @@ TYPES = frozenset(
 def has(ggml_type: int) -> bool:
     """Whether kernels/tc_matvec.cu builds kernels for this weight type (the quantized common types)."""
     return ggml_type in TYPES
+
+
+def rows_per_block(wide: bool, tile: int) -> int:
+    """Output rows a block: tcmv_swiglu and tcmv3 (`wide`) take two 8-row fragments a block at 16 or 32 tokens (each
+    lane's split of x serves both), one at 64; tcmv one (kernels/tc_matvec.cu, RT_WIDE)."""
+    return FRAGMENT_ROWS * (2 if wide and tile < 64 else 1)
 
 
 def _tile(n: int) -> int:
@@ -49,8 +55,9 @@ def _check(w: DeviceWeight, x: DeviceArray, n: int, y: DeviceArray, norm_w: Devi
     return tile
 
 
-def _grid(rows: int) -> tuple[int]:
-    return ((rows + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK,)
+def _grid(rows: int, wide: bool, tile: int) -> tuple[int]:
+    per_block = rows_per_block(wide, tile)
+    return ((rows + per_block - 1) // per_block,)
 
 
 def tcmv(
@@ -69,7 +76,7 @@ def tcmv(
     fn = driver.module("tc_matvec").fn(f"tcmv_{w.tag}_m{tile}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
             ptr(y)]  # fmt: skip
-    return Launch(fn, _grid(w.rows), (THREADS,), args)
+    return Launch(fn, _grid(w.rows, False, tile), (32 * WARPS_ONE,), args)
 
 
 def tcmv_swiglu(
@@ -87,7 +94,7 @@ def tcmv_swiglu(
     fn = driver.module("tc_matvec").fn(f"tcmv_swiglu_{wg.tag}_m{tile}")
     args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(x), i32(n), ptr(norm_w),
             f32(eps), ptr(y)]  # fmt: skip
-    return Launch(fn, _grid(wg.rows), (THREADS,), args)
+    return Launch(fn, _grid(wg.rows, True, tile), (32 * WARPS_WIDE,), args)
 
 
 def tcmv3(
@@ -99,11 +106,13 @@ def tcmv3(
     norm_w: DeviceArray | None = None,  # (K,) f4
     eps: float = 0.0,
 ) -> Launch:
-    """One launch for the small-batch matmuls of matrices that read the same x (q/k/v): results equal to one `tcmv`
-    launch each, bit for bit."""
+    """One launch for the small-batch matmuls of matrices that read the same x (q/k/v): each matrix's results are
+    those of a launch of it alone, bit for bit, and agree with `tcmv`'s to float32 rounding (blocks of another shape:
+    rows_per_block, WARPS_WIDE)."""
     if not all(has(w.ggml_type) for w in ws):
         raise CudaError(f"tcmv3 takes matrices of tc_matvec's types, got {', '.join(w.tag for w in ws)}")
-    tags, weights, outs, blocks = matvec3_operands("tcmv3", ws, ys, ROWS_PER_BLOCK)
     tile = max(_check(w, x, n, y, norm_w) for w, y in zip(ws, ys, strict=True))
+    tags, weights, outs, blocks = matvec3_operands("tcmv3", ws, ys, rows_per_block(True, tile))
     fn = driver.module("tc_matvec").fn(f"tcmv3_{tags}_m{tile}")
-    return Launch(fn, (blocks,), (THREADS,), [*weights, i32(ws[0].cols), ptr(x), i32(n), ptr(norm_w), f32(eps), *outs])
+    args = [*weights, i32(ws[0].cols), ptr(x), i32(n), ptr(norm_w), f32(eps), *outs]
+    return Launch(fn, (blocks,), (32 * WARPS_WIDE,), args)
