@@ -44,6 +44,8 @@ constexpr int ROWS = 8;
 // slower (15.9 / 17.6 at 8 rows, 11.5 / 15.6 at 16).
 template <int MT>
 constexpr int RT_WIDE = MT >= 4 ? 1 : 2;
+template <int MT>
+constexpr bool JOIN_SWIGLU = MT < 4;
 constexpr int WARPS_WIDE = 8, WARPS_ONE = 16;
 constexpr float LO_UP = 2048.f, LO_DOWN = 1.f / 2048.f;  // 2^11: lo halves are kept scaled up into f16's range
 
@@ -134,27 +136,34 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
     }
 }
 
+// Matrices a warp computes: all NM when JOIN (one split of x serves both SwiGLU matrices), else one (teams of warps).
+template <int NM, bool JOIN>
+constexpr int MATS_A_WARP = JOIN ? NM : 1;
+
 // Shared memory of tcmv_block: the staged rows, then (after a barrier) the warps' partial sums and sums of squares.
-template <int T, int MT, int NM, int RT, int WARPS>
+template <int T, int MT, int NM, int RT, int WARPS, bool JOIN>
 constexpr int SMEM_BYTES = cmax(NM * ROWS * RT * PITCH<T, NM * RT>,
-                                4 * (WARPS * 16 * MT * ROWS * RT + WARPS / NM * 16 * MT));
+                                4 * (WARPS * 16 * MT * ROWS * RT * MATS_A_WARP<NM, JOIN> + WARPS * 16 * MT));
 
 // The block's rows for MT 16-token tiles and NM matrices (1: W0; 2: silu(W0 .) * (W1 .)), RT fragments of 8 rows
-// each, K split among WARPS warps: row block rb is rows [8 RT rb, +8 RT), and a lane splits its x once a chunk for
-// all RT fragments. smem: SMEM_BYTES<T, MT, NM, RT, WARPS> bytes, 16-byte aligned.
-
-template <int T, int MT, int NM, int RT, int WARPS>
+// each, K split among WARPS warps: row block rb is rows [8 RT rb, +8 RT). A warp takes RT fragments of one matrix, or
+// of each matrix when JOIN, and a lane splits its x once a chunk for all of them. smem: SMEM_BYTES<...> bytes,
+// 16-byte aligned.
+template <int T, int MT, int NM, int RT, int WARPS, bool JOIN>
 __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                            const float* x, int n, const float* norm_w, float eps, const float* resid,
                                            float* y, int rb, uint8_t* smem) {
-    constexpr int THREADS = 32 * WARPS, TEAM = WARPS / NM, NTOK = 16 * MT, BR = ROWS * RT, P = PITCH<T, NM * RT>;
-    float* red = reinterpret_cast<float*>(smem);  // [warp][token * BR + row]
-    float* red_ss = red + WARPS * NTOK * BR;      // [slice][token]: sums of squares of x from team 0
+    constexpr int MW = MATS_A_WARP<NM, JOIN>, F = MW * RT;  // matrices and fragments a warp
+    constexpr int THREADS = 32 * WARPS, TEAM = WARPS * MW / NM, NTOK = 16 * MT, BR = ROWS * RT, WR = MW * BR;
+    constexpr int P = PITCH<T, NM * RT>;
+    float* red = reinterpret_cast<float*>(smem);  // [warp][token * WR + matrix of the warp * BR + row]
+    float* red_ss = red + WARPS * NTOK * WR;      // [slice][token]: sums of squares of x from team 0
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, qd = lane & 3;
     const int team = warp / TEAM, slice = warp % TEAM, r0 = rb * BR;
-    const uint8_t* row[RT];  // fragment j's row: r0 + 8 j + g
+    const uint8_t* row[F];  // fragment f: matrix team + f / RT, row r0 + 8 (f % RT) + g
 #pragma unroll
-    for (int j = 0; j < RT; ++j) row[j] = (team ? W1 : W0) + (long long)min(r0 + ROWS * j + g, R - 1) * row_bytes;
+    for (int f = 0; f < F; ++f)
+        row[f] = (team + f / RT ? W1 : W0) + (long long)min(r0 + ROWS * (f % RT) + g, R - 1) * row_bytes;
 
     const bool staged = K <= stage_max_k(NM * RT);
     if (staged) {
@@ -167,25 +176,26 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
         stage::wait();
         __syncthreads();
 #pragma unroll
-        for (int j = 0; j < RT; ++j) row[j] = stage::landed(smem + (team * BR + ROWS * j + g) * P, row[j]);
+        for (int f = 0; f < F; ++f)
+            row[f] = stage::landed(smem + ((team + f / RT) * BR + ROWS * (f % RT) + g) * P, row[f]);
     }
 
     int xo[MT][2];  // this lane's tokens g and g + 8 of each tile, clamped to the last (n * K < 2^31: n <= 64)
 #pragma unroll
     for (int m = 0; m < MT; ++m) xo[m][0] = min(16 * m + g, n - 1) * K, xo[m][1] = min(16 * m + g + 8, n - 1) * K;
-    float acc[MT][RT][4] = {}, ss[MT][2] = {};
+    float acc[MT][F][4] = {}, ss[MT][2] = {};
     const int chunks = K >> 5;
     // Not unrolled: two chunks in flight for the 16- and 32-token tiles measured no faster on an H200 (2026-12-03,
     // scripts/bench_small_batch.py, a Qwen3-0.6B layer: n = 16 47.4 -> 47.0 us, n = 32 67.1 -> 70.2).
     for (int c = slice; c < chunks; c += TEAM) {
         const int k = 32 * c + 8 * qd;  // this lane's 8 values of the chunk
-        uint32_t b[RT][4], bl[RT][4];
+        uint32_t b[F][4], bl[F][4];
 #pragma unroll
-        for (int j = 0; j < RT; ++j) {
+        for (int f = 0; f < F; ++f) {
             float w[8];
-            q::Quant<T>::load8(row[j], k >> 3, w);
+            q::Quant<T>::load8(row[f], k >> 3, w);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) split2(w[2 * i], w[2 * i + 1], b[j][i], bl[j][i]);
+            for (int i = 0; i < 4; ++i) split2(w[2 * i], w[2 * i + 1], b[f][i], bl[f][i]);
         }
         float nw[8];
         if (norm_w) load8(norm_w + k, nw);
@@ -203,19 +213,19 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
                     x1[i] *= nw[i];
                 }
             }
-            tile_chunk<RT>(x0, x1, b, bl, acc[m]);
+            tile_chunk<F>(x0, x1, b, bl, acc[m]);
         }
     }
 
     if (staged) __syncthreads();  // every warp is done with the staged rows: red goes over them
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-        const int t0 = 16 * m + g;  // acc[m][j][0..1]: token t0, rows 8 j + 2q, +1; acc[m][j][2..3]: token t0 + 8
-        float* out = red + warp * NTOK * BR + 2 * qd;
+        const int t0 = 16 * m + g;  // acc[m][f][0..1]: token t0, fragment f's rows 2q, +1; acc[m][f][2..3]: t0 + 8
+        float* out = red + warp * NTOK * WR + 2 * qd;
 #pragma unroll
-        for (int j = 0; j < RT; ++j) {
-            *reinterpret_cast<float2*>(out + t0 * BR + ROWS * j) = make_float2(acc[m][j][0], acc[m][j][1]);
-            *reinterpret_cast<float2*>(out + (t0 + 8) * BR + ROWS * j) = make_float2(acc[m][j][2], acc[m][j][3]);
+        for (int f = 0; f < F; ++f) {
+            *reinterpret_cast<float2*>(out + t0 * WR + ROWS * f) = make_float2(acc[m][f][0], acc[m][f][1]);
+            *reinterpret_cast<float2*>(out + (t0 + 8) * WR + ROWS * f) = make_float2(acc[m][f][2], acc[m][f][3]);
         }
         if (norm_w) {
 #pragma unroll
@@ -232,11 +242,13 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
         const int t = i / BR, r = r0 + i % BR;
         if (t >= n || r >= R) continue;
         float a = 0.f, b = 0.f, s = 1.f;
+        const float* part = red + t * WR + i % BR;  // matrix 0's partials; matrix 1's BR further (JOIN) or a team on
 #pragma unroll
-        for (int w = 0; w < TEAM; ++w) a += red[w * NTOK * BR + i];
+        for (int w = 0; w < TEAM; ++w) a += part[w * NTOK * WR];
         if constexpr (NM == 2) {
+            part += JOIN ? BR : TEAM * NTOK * WR;
 #pragma unroll
-            for (int w = 0; w < TEAM; ++w) b += red[(TEAM + w) * NTOK * BR + i];
+            for (int w = 0; w < TEAM; ++w) b += part[w * NTOK * WR];
         }
         if (norm_w) {
             float q = 0.f;
@@ -275,52 +287,53 @@ __device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1
     const long long row_bytes = m == 0 ? bytes0 : m == 1 ? bytes1 : bytes2;
     const int R = m == 0 ? R0 : m == 1 ? R1 : R2;
     float* y = m == 0 ? y0 : m == 1 ? y1 : y2;
-    __shared__ __align__(16) uint8_t smem[cmax(SMEM_BYTES<T0, MT, 1, RT, WA>, SMEM_BYTES<T1, MT, 1, RT, WA>)];
+    __shared__ __align__(16) uint8_t smem[cmax(SMEM_BYTES<T0, MT, 1, RT, WA, false>,
+                                               SMEM_BYTES<T1, MT, 1, RT, WA, false>)];  // either type's block
     prefetch_rows(W, row_bytes, R, rb, BR);
     pdl::wait();
     if constexpr (T0 == T1) {
-        tcmv_block<T0, MT, 1, RT, WA>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
+        tcmv_block<T0, MT, 1, RT, WA, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
     } else {
-        if (m < 2) tcmv_block<T0, MT, 1, RT, WA>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
-        else tcmv_block<T1, MT, 1, RT, WA>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
+        if (m < 2) tcmv_block<T0, MT, 1, RT, WA, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
+        else tcmv_block<T1, MT, 1, RT, WA, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
     }
 }
 
 }  // namespace
 
-#define TCMV(tag, T, M)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS_ONE, 16 / WARPS_ONE)                                                 \
+#define TCMV(tag, T, M)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_ONE, 16 / WARPS_ONE)                                    \
         tcmv_##tag##_m##M(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,               \
                           const float* norm_w, float eps, const float* resid, float* y) {                           \
         pdl::launch_dependents();                                                                                   \
-        __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 1, 1, WARPS_ONE>];                              \
+        __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 1, 1, WARPS_ONE, false>];                       \
         prefetch_rows(W, row_bytes, R, blockIdx.x, ROWS);                                                           \
         pdl::wait();                                                                                                \
-        tcmv_block<T, M / 16, 1, 1, WARPS_ONE>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, blockIdx.x,      \
-                                               smem);                                                               \
+        tcmv_block<T, M / 16, 1, 1, WARPS_ONE, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y,           \
+                                                      blockIdx.x, smem);                                            \
     }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS_WIDE, 16 / WARPS_WIDE)                                                \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_WIDE, 16 / WARPS_WIDE)                                  \
         tcmv_swiglu_##tag##_m##M(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,           \
                                  const float* x, int n, const float* norm_w, float eps, float* y) {                 \
         pdl::launch_dependents();                                                                                   \
-        constexpr int RT = RT_WIDE<M / 16>;                                                                         \
-        __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 2, RT, WARPS_WIDE>];                            \
-        prefetch_rows(Wg, row_bytes, R, blockIdx.x, ROWS * RT);                                                     \
-        prefetch_rows(Wu, row_bytes, R, blockIdx.x, ROWS * RT);                                                     \
+        constexpr bool JOIN = JOIN_SWIGLU<M / 16>;                                                                  \
+        __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 2, 1, WARPS_WIDE, JOIN>];                       \
+        prefetch_rows(Wg, row_bytes, R, blockIdx.x, ROWS);                                                          \
+        prefetch_rows(Wu, row_bytes, R, blockIdx.x, ROWS);                                                          \
         pdl::wait();                                                                                                \
-        tcmv_block<T, M / 16, 2, RT, WARPS_WIDE>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y,            \
-                                                 blockIdx.x, smem);                                                 \
+        tcmv_block<T, M / 16, 2, 1, WARPS_WIDE, JOIN>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y,       \
+                                                      blockIdx.x, smem);                                            \
     }
 #define TCMV_KERNELS(tag, T) TCMV(tag, T, 16) TCMV(tag, T, 32) TCMV(tag, T, 64)
 
 // tcmv3_{tag}_m{M}: q/k/v of one type; tcmv3_{a}_{b}_m{M}: two of type a, the last of b (k_matvec.MATVEC3_PAIRS).
-#define TCMV3(tag, T0, T1, M)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS_WIDE, 16 / WARPS_WIDE)                                                \
+#define TCMV3(tag, T0, T1, M)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_WIDE, 16 / WARPS_WIDE)                                  \
         tcmv3_##tag##_m##M(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long bytes0,               \
                            long long bytes1, long long bytes2, int R0, int R1, int R2, int K, const float* x, int n, \
-                           const float* norm_w, float eps, float* y0, float* y1, float* y2) {                        \
+                           const float* norm_w, float eps, float* y0, float* y1, float* y2) {                       \
         pdl::launch_dependents();                                                                                   \
-        tcmv3_block<T0, T1, M / 16>(W0, W1, W2, bytes0, bytes1, bytes2, R0, R1, R2, K, x, n, norm_w, eps, y0, y1,  \
+        tcmv3_block<T0, T1, M / 16>(W0, W1, W2, bytes0, bytes1, bytes2, R0, R1, R2, K, x, n, norm_w, eps, y0, y1,   \
                                     y2);                                                                            \
     }
 #define TCMV3_KERNELS(tag, T0, T1) TCMV3(tag, T0, T1, 16) TCMV3(tag, T0, T1, 32) TCMV3(tag, T0, T1, 64)

@@ -30,10 +30,10 @@ def has(ggml_type: int) -> bool:
     return ggml_type in TYPES
 
 
-def rows_per_block(wide: bool, tile: int) -> int:
-    """Output rows a block: tcmv_swiglu and tcmv3 (`wide`) take two 8-row fragments a block at 16 or 32 tokens (each
-    lane's split of x serves both), one at 64; tcmv one (kernels/tc_matvec.cu, RT_WIDE)."""
-    return FRAGMENT_ROWS * (2 if wide and tile < 64 else 1)
+def rows_per_block(kernel: str, tile: int) -> int:
+    """Output rows a block: tcmv3 takes two 8-row fragments a block at 16 or 32 tokens (each lane's split of x serves
+    both), one at 64; tcmv and tcmv_swiglu one (kernels/tc_matvec.cu, RT_WIDE)."""
+    return FRAGMENT_ROWS * (2 if kernel == "tcmv3" and tile < 64 else 1)
 
 
 def _tile(n: int) -> int:
@@ -55,8 +55,8 @@ def _check(w: DeviceWeight, x: DeviceArray, n: int, y: DeviceArray, norm_w: Devi
     return tile
 
 
-def _grid(rows: int, wide: bool, tile: int) -> tuple[int]:
-    per_block = rows_per_block(wide, tile)
+def _grid(rows: int, kernel: str, tile: int) -> tuple[int]:
+    per_block = rows_per_block(kernel, tile)
     return ((rows + per_block - 1) // per_block,)
 
 
@@ -76,7 +76,7 @@ def tcmv(
     fn = driver.module("tc_matvec").fn(f"tcmv_{w.tag}_m{tile}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
             ptr(y)]  # fmt: skip
-    return Launch(fn, _grid(w.rows, False, tile), (32 * WARPS_ONE,), args)
+    return Launch(fn, _grid(w.rows, "tcmv", tile), (32 * WARPS_ONE,), args)
 
 
 def tcmv_swiglu(
@@ -94,7 +94,7 @@ def tcmv_swiglu(
     fn = driver.module("tc_matvec").fn(f"tcmv_swiglu_{wg.tag}_m{tile}")
     args = [ptr(wg.ptr), ptr(wu.ptr), i64(wg.row_bytes), i32(wg.rows), i32(wg.cols), ptr(x), i32(n), ptr(norm_w),
             f32(eps), ptr(y)]  # fmt: skip
-    return Launch(fn, _grid(wg.rows, True, tile), (32 * WARPS_WIDE,), args)
+    return Launch(fn, _grid(wg.rows, "tcmv_swiglu", tile), (32 * WARPS_WIDE,), args)
 
 
 def tcmv3(
@@ -112,7 +112,7 @@ def tcmv3(
     if not all(has(w.ggml_type) for w in ws):
         raise CudaError(f"tcmv3 takes matrices of tc_matvec's types, got {', '.join(w.tag for w in ws)}")
     tile = max(_check(w, x, n, y, norm_w) for w, y in zip(ws, ys, strict=True))
-    tags, weights, outs, blocks = matvec3_operands("tcmv3", ws, ys, rows_per_block(True, tile))
+    tags, weights, outs, blocks = matvec3_operands("tcmv3", ws, ys, rows_per_block("tcmv3", tile))
     fn = driver.module("tc_matvec").fn(f"tcmv3_{tags}_m{tile}")
     args = [*weights, i32(ws[0].cols), ptr(x), i32(n), ptr(norm_w), f32(eps), *outs]
     return Launch(fn, (blocks,), (32 * WARPS_WIDE,), args)
