@@ -4,24 +4,28 @@
 // tcmv_{t}_m{M}: y[t, r] = (resid[t, r] +) W[r] . xn[t] for n <= M tokens (M = 16, 32, 64), xn = x or RMSNorm(x);
 // tcmv_swiglu_{t}_m{M}: y = silu(Wg . xn) * (Wu . xn). The quantized common types (q8_0 ... q6_k).
 //
-// A block (WARPS warps) owns weight rows [8 RT b, +8 RT) and every token; its warps split K (both matrices of a
-// SwiGLU: the first half of the warps on Wg, the second on Wu) in chunks of 32 values, chunk c to warp c mod (warps a
-// matrix), and reduce over shared memory in a fixed order at the end. A chunk is two mma.m16n8k16 steps per 16 tokens
-// and 8 rows: the tokens are the M side (A, row major), 8 rows the N side (B, column major), so one weight fragment
-// serves all the token tiles and one split of x all RT fragments.
+// A block (WARPS warps) owns weight rows [8 RT b, +8 RT) and every token; its warps split K in chunks of 32 values,
+// chunk c to warp c mod (warps a matrix), and reduce over shared memory in a fixed order at the end. A SwiGLU's warps
+// each take both matrices (JOIN), or half of them each one. A chunk is four mma.m16n8k8 tf32 steps (or two
+// m16n8k16 f16 steps) per 16 tokens and 8 rows: the tokens are the M side (A, row major), 8 rows the N side (B,
+// column major), so one weight fragment serves all the token tiles and one split of x every fragment of the warp.
 //
-// K order inside a chunk. mma wants lane (g, q) = (lane / 4, lane % 4) to hold k slots {2q, 2q+1, 2q+8, 2q+9} of a
-// k16 step for A's rows g, g+8 and B's column g. The sum over k does not care which value sits in which slot, as
-// long as A and B agree, so lane (g, q) takes the chunk's values [8q, 8q + 8): step 0 puts values 8q + {0,1} in slots
-// 2q + {0,1} and 8q + {2,3} in 2q + {8,9}; step 1 the same with 8q + {4..7}. Then every lane reads whole 8-value
-// groups: one Quant<T>::load8 of its row g, and 32 contiguous bytes of x per token.
+// K order inside a chunk. mma wants lane (g, q) = (lane / 4, lane % 4) to hold, for A's rows g and g + 8 and B's
+// column g, k slots {q, q + 4} of a tf32 k8 step, or {2q, 2q+1, 2q+8, 2q+9} of an f16 k16 step. The sum over k does
+// not care which value sits in which slot, as long as A and B agree, so lane (g, q) takes the chunk's values
+// [8q, 8q + 8): tf32 step s puts value 8q + 2s in slot q and 8q + 2s + 1 in slot q + 4; f16 step s puts values
+// 8q + 4s + {0,1} in slots 2q + {0,1} and 8q + 4s + {2,3} in 2q + {8,9}. Then every lane reads whole 8-value groups:
+// one Quant<T>::load8 of its row g, and 32 contiguous bytes of x per token.
 //
-// Precision: each operand is split into two f16 halves, v = hi + lo * 2^-11 (lo = f16((v - hi) * 2^11)), and a k16
-// step is three mma (hi.hi, then hi.lo + lo.hi into a second accumulator scaled by 2^-11 at the end of the chunk):
-// about 22 bits of each operand, products exact, float32 sums. x enters scaled by a power of two per (token, chunk)
-// (|x| < 2 after it: no f16 overflow, and the scale is undone exactly on the chunk's sums); RMSNorm's rsqrt scale
-// factors out of the dot products and is applied last, as in matvec_block.cuh. Agreement with the float32 matvec is
-// at the level of float32 rounding (tests/test_cuda_tc_matvec.py).
+// Precision: each operand is split into two halves and a step is three mma (hi.hi, hi.lo, lo.hi; lo.lo is below
+// float32 rounding): about 21 bits of each operand, products exact, float32 sums. tf32 halves (sm_80 and later, up to
+// two fragments of 16 tokens or one of 32, TF32): hi = v rounded to 10 mantissa bits, lo = v - hi, float's exponent
+// range, so x goes in as it is. f16 halves (sm_75, and the larger tiles, whose tf32 fragments would spill):
+// v = hi + lo * 2^-11 (lo = f16((v - hi) * 2^11)), two accumulators (hi.hi; hi.lo + lo.hi, scaled by 2^-11 at the
+// end of the chunk), and x scaled by a power of two per (token, chunk) (|x| < 2 after it: no f16 overflow, and the
+// scale is undone exactly on the chunk's sums). RMSNorm's rsqrt scale factors out of the dot products and is applied
+// last, as in matvec_block.cuh. Agreement with the float32 matvec is at the level of float32 rounding
+// (tests/test_cuda_tc_matvec.py).
 //
 // Weight rows of at most stage_max_k values are staged through shared memory first (stage.cuh; matvec_block.cuh's
 // reasons), longer ones are read from global memory directly. Rows past R re-read row R - 1 and tokens past n token
@@ -95,44 +99,108 @@ __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {  // plain
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// One 16-token tile through one chunk for RT weight fragments (8 rows each): x0, x1 are this lane's 8 values of
-// tokens g and g + 8 (times norm_w when normed), split once for all RT; b[j], bl[j] fragment j's hi and lo halves
-// (steps 0 and 1); acc[j][0..1] are token g's sums for rows 8 j + 2q, 8 j + 2q + 1, acc[j][2..3] token g + 8's.
-template <int RT>
-__device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x1)[8], const uint32_t (&b)[RT][4],
-                                           const uint32_t (&bl)[RT][4], float (&acc)[RT][4]) {
-    float am0 = 0.f, am1 = 0.f;
+// Operands as tf32 halves (m16n8k8, sm_80 and later) for MT 16-token tiles and F fragments a warp with MT * F <= 2;
+// f16 halves on sm_75 and beyond that, where the tf32 fragments' registers (twice the f16 ones) spill.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+constexpr bool TF32_ARCH = true;
+#else
+constexpr bool TF32_ARCH = false;
+#endif
+template <int MT, int F>
+constexpr bool TF32 = TF32_ARCH && MT * F <= 2;
+
+// hi = v rounded to tf32's 10 mantissa bits (to nearest, ties away from zero: an add and a mask, where cvt.rna is a
+// longer sequence), lo = v - hi, exact in float (the mma reads its top 19 bits; |lo| <= 2^-11 |v|, so the pair holds
+// about 21 bits of v).
+__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
+    hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(v - __uint_as_float(hi));
+}
+
+// d += A (16 x 8, row major) . B (8 x 8, column major), tf32 operands, f32 accumulators (sm_80 and later).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// One 8-row weight fragment's share of a chunk in this lane: its 8 values' hi and lo halves, in the mma's form:
+// tf32 halves of value i, or (TF = false) f16 halves of values (2i, 2i + 1).
+template <bool TF>
+struct Frag {
+    static constexpr int N = TF ? 8 : 4;
+    uint32_t hi[N], lo[N];
+};
+
+template <bool TF>
+__device__ __forceinline__ void make_frag(const float (&w)[8], Frag<TF>& f) {
+    if constexpr (TF) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) am0 = fmaxf(am0, fabsf(x0[i])), am1 = fmaxf(am1, fabsf(x1[i]));
+        for (int i = 0; i < 8; ++i) split_tf32(w[i], f.hi[i], f.lo[i]);
+    } else {
 #pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {  // the quad (lanes 4g .. 4g + 3) holds the chunk's 32 values of both tokens
-        am0 = fmaxf(am0, __shfl_xor_sync(cm::FULL, am0, o));
-        am1 = fmaxf(am1, __shfl_xor_sync(cm::FULL, am1, o));
+        for (int i = 0; i < 4; ++i) split2(w[2 * i], w[2 * i + 1], f.hi[i], f.lo[i]);
     }
-    float down0, up0, down1, up1;
-    pow2_scale(am0, down0, up0);
-    pow2_scale(am1, down1, up1);
-    float hh[RT][4] = {}, side[RT][4] = {};  // hi.hi; hi.lo + lo.hi (times 2^11)
+}
+
+// One 16-token tile through one chunk for F weight fragments (8 rows each): x0, x1 are this lane's 8 values of
+// tokens g and g + 8 (times norm_w when normed), split once for all F; acc[f][0..1] are token g's sums for fragment
+// f's rows 2q, 2q + 1, acc[f][2..3] token g + 8's.
+template <int F, bool TF>
+__device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x1)[8], const Frag<TF> (&b)[F],
+                                           float (&acc)[F][4]) {
+    if constexpr (TF) {
+        // Step s (k8): slot q holds value 2s, slot q + 4 value 2s + 1 of the lane's 8.
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {  // step s: values 4s + {0,1} in slots 2q + {0,1}, 4s + {2,3} in 2q + {8,9}
-        uint32_t ah[4], al[4];
-        split2(x0[4 * s] * down0, x0[4 * s + 1] * down0, ah[0], al[0]);
-        split2(x1[4 * s] * down1, x1[4 * s + 1] * down1, ah[1], al[1]);
-        split2(x0[4 * s + 2] * down0, x0[4 * s + 3] * down0, ah[2], al[2]);
-        split2(x1[4 * s + 2] * down1, x1[4 * s + 3] * down1, ah[3], al[3]);
+        for (int s = 0; s < 4; ++s) {
+            uint32_t ah[4], al[4];
+            split_tf32(x0[2 * s], ah[0], al[0]);
+            split_tf32(x1[2 * s], ah[1], al[1]);
+            split_tf32(x0[2 * s + 1], ah[2], al[2]);
+            split_tf32(x1[2 * s + 1], ah[3], al[3]);
 #pragma unroll
-        for (int j = 0; j < RT; ++j) {
-            mma(hh[j], ah, b[j][2 * s], b[j][2 * s + 1]);
-            mma(side[j], ah, bl[j][2 * s], bl[j][2 * s + 1]);
-            mma(side[j], al, b[j][2 * s], b[j][2 * s + 1]);
+            for (int f = 0; f < F; ++f) {
+                mma_tf32(acc[f], al, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
+                mma_tf32(acc[f], ah, b[f].lo[2 * s], b[f].lo[2 * s + 1]);
+                mma_tf32(acc[f], ah, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
+            }
         }
-    }
+    } else {
+        float am0 = 0.f, am1 = 0.f;
 #pragma unroll
-    for (int j = 0; j < RT; ++j) {
-        acc[j][0] = fmaf(up0, fmaf(side[j][0], LO_DOWN, hh[j][0]), acc[j][0]);
-        acc[j][1] = fmaf(up0, fmaf(side[j][1], LO_DOWN, hh[j][1]), acc[j][1]);
-        acc[j][2] = fmaf(up1, fmaf(side[j][2], LO_DOWN, hh[j][2]), acc[j][2]);
-        acc[j][3] = fmaf(up1, fmaf(side[j][3], LO_DOWN, hh[j][3]), acc[j][3]);
+        for (int i = 0; i < 8; ++i) am0 = fmaxf(am0, fabsf(x0[i])), am1 = fmaxf(am1, fabsf(x1[i]));
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {  // the quad (lanes 4g .. 4g + 3) holds the chunk's 32 values of both tokens
+            am0 = fmaxf(am0, __shfl_xor_sync(cm::FULL, am0, o));
+            am1 = fmaxf(am1, __shfl_xor_sync(cm::FULL, am1, o));
+        }
+        float down0, up0, down1, up1;
+        pow2_scale(am0, down0, up0);
+        pow2_scale(am1, down1, up1);
+        float hh[F][4] = {}, side[F][4] = {};  // hi.hi; hi.lo + lo.hi (times 2^11)
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {  // step s: values 4s + {0,1} in slots 2q + {0,1}, 4s + {2,3} in 2q + {8,9}
+            uint32_t ah[4], al[4];
+            split2(x0[4 * s] * down0, x0[4 * s + 1] * down0, ah[0], al[0]);
+            split2(x1[4 * s] * down1, x1[4 * s + 1] * down1, ah[1], al[1]);
+            split2(x0[4 * s + 2] * down0, x0[4 * s + 3] * down0, ah[2], al[2]);
+            split2(x1[4 * s + 2] * down1, x1[4 * s + 3] * down1, ah[3], al[3]);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                mma(hh[f], ah, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
+                mma(side[f], ah, b[f].lo[2 * s], b[f].lo[2 * s + 1]);
+                mma(side[f], al, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
+            }
+        }
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+            acc[f][0] = fmaf(up0, fmaf(side[f][0], LO_DOWN, hh[f][0]), acc[f][0]);
+            acc[f][1] = fmaf(up0, fmaf(side[f][1], LO_DOWN, hh[f][1]), acc[f][1]);
+            acc[f][2] = fmaf(up1, fmaf(side[f][2], LO_DOWN, hh[f][2]), acc[f][2]);
+            acc[f][3] = fmaf(up1, fmaf(side[f][3], LO_DOWN, hh[f][3]), acc[f][3]);
+        }
     }
 }
 
@@ -189,13 +257,12 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     // scripts/bench_small_batch.py, a Qwen3-0.6B layer: n = 16 47.4 -> 47.0 us, n = 32 67.1 -> 70.2).
     for (int c = slice; c < chunks; c += TEAM) {
         const int k = 32 * c + 8 * qd;  // this lane's 8 values of the chunk
-        uint32_t b[F][4], bl[F][4];
+        Frag<TF32<MT, F>> b[F];
 #pragma unroll
         for (int f = 0; f < F; ++f) {
             float w[8];
             q::Quant<T>::load8(row[f], k >> 3, w);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) split2(w[2 * i], w[2 * i + 1], b[f][i], bl[f][i]);
+            make_frag(w, b[f]);
         }
         float nw[8];
         if (norm_w) load8(norm_w + k, nw);
@@ -213,7 +280,7 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
                     x1[i] *= nw[i];
                 }
             }
-            tile_chunk<F>(x0, x1, b, bl, acc[m]);
+            tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m]);
         }
     }
 
