@@ -27,7 +27,7 @@
 // last, as in matvec_block.cuh. Agreement with the float32 matvec is at the level of float32 rounding
 // (tests/test_cuda_tc_matvec.py).
 //
-// Weight rows of at most stage_max_k values are staged through shared memory first (stage.cuh; matvec_block.cuh's
+// Weight rows of at most STAGE_MAX_K values are staged through shared memory first (stage.cuh; matvec_block.cuh's
 // reasons), longer ones are read from global memory directly. Rows past R re-read row R - 1 and tokens past n token
 // n - 1; neither is written.
 #include "common.cuh"
@@ -38,14 +38,16 @@
 namespace {
 
 constexpr int ROWS = 8;
-// The shape of a block (k_tc_matvec.rows_per_block, WARPS_*). A launch takes about one warp's chunk loop, its
-// instructions back to back (Nsight Compute, H200, 16 tokens: a warp issues every ~6 cycles, ~4 warps a scheduler),
-// and the split of x is as many of them as a Q4_K fragment's decode and split. tcmv_swiglu and tcmv3 (gate/up,
-// q/k/v: the most rows) take RT_WIDE = 2 fragments a block at 16 and 32 tokens, so a split of x serves two (RT = 2
-// spills at 64); tcmv (o, down: the fewest rows, the longest K) takes 16 warps, each with half the chunks. On an H200
-// (2026-12-04, Qwen3-0.6B shape, engine profile --batch 13, from 8 rows x 8 warps everywhere): tcmv3 12.5 -> 9.5 us,
-// tcmv_swiglu 14.7 -> 14.2, tcmv Q4_K 8.3 -> 7.1, Q6_K down 10.7 -> 9.4; 16 warps for tcmv3 / tcmv_swiglu too was
-// slower (15.9 / 17.6 at 8 rows, 11.5 / 15.6 at 16).
+// The shape of a block (k_tc_matvec.rows_per_block, WARPS_*). A launch takes about one warp's chunk loop, back to
+// back (Nsight Compute, H200, 16 tokens: a warp issues every ~6 cycles, ~4 warps a scheduler), and the split of x is
+// as many instructions as a Q4_K fragment's decode and split; fewer warps in flight cost more than they save. So
+// tcmv3 (q/k/v: the most rows) takes RT_WIDE = 2 fragments a block at 16 and 32 tokens, a split of x serving two
+// (RT = 2 spills at 64); tcmv_swiglu's warps each take both matrices there (JOIN_SWIGLU: a split of x for gate and
+// up, every warp on K, as many blocks); tcmv (o, down: the fewest rows, the longest K) takes 16 warps, each with half
+// the chunks. On an H200 (2026-12-04, Qwen3-0.6B shape, engine profile --batch 13, two rounds, from 8 rows x 8 warps
+// everywhere, bench/results/2026-12-04-h200-session20.md): tcmv3 12.5 -> 9.5 us, tcmv_swiglu 14.7 -> 11.8, tcmv
+// Q4_K 8.3 -> 7.1, Q6_K down 10.7 -> 9.4. Not kept: 16 rows a block for tcmv_swiglu (14.2), 16 warps for tcmv3 /
+// tcmv_swiglu (15.9 / 17.6 at 8 rows, 11.5 / 15.6 at 16).
 template <int MT>
 constexpr int RT_WIDE = MT >= 4 ? 1 : 2;
 template <int MT>
@@ -53,14 +55,11 @@ constexpr bool JOIN_SWIGLU = MT < 4;
 constexpr int WARPS_WIDE = 8, WARPS_ONE = 16;
 constexpr float LO_UP = 2048.f, LO_DOWN = 1.f / 2048.f;  // 2^11: lo halves are kept scaled up into f16's range
 
-// Rows longer than this are read from global memory: 2048 values while a block stages at most 16 rows (a Q6_K row
-// of 2048 is 1,680 bytes), 1024 beyond, so the staging stays within 48 KB of static shared memory.
-__host__ __device__ constexpr int stage_max_k(int fragments) { return fragments <= 2 ? 2048 : 1024; }
+constexpr int STAGE_MAX_K = 2048;  // longer rows are read from global memory
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 
-// Staged bytes a row for blocks of the given 8-row fragments (matrices times RT).
-template <int T, int FRAGMENTS>
-constexpr int PITCH = stage::pitch(stage_max_k(FRAGMENTS) / q::Quant<T>::QK * q::Quant<T>::BYTES);
+template <int T>
+constexpr int PITCH = stage::pitch(STAGE_MAX_K / q::Quant<T>::QK * q::Quant<T>::BYTES);
 
 // A value's two f16 halves, packed with its neighbour's: hi = (f16(a), f16(b)), lo = the remainders times 2^11.
 __device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t& lo) {
@@ -210,7 +209,7 @@ constexpr int MATS_A_WARP = JOIN ? NM : 1;
 
 // Shared memory of tcmv_block: the staged rows, then (after a barrier) the warps' partial sums and sums of squares.
 template <int T, int MT, int NM, int RT, int WARPS, bool JOIN>
-constexpr int SMEM_BYTES = cmax(NM * ROWS * RT * PITCH<T, NM * RT>,
+constexpr int SMEM_BYTES = cmax(NM * ROWS * RT * PITCH<T>,
                                 4 * (WARPS * 16 * MT * ROWS * RT * MATS_A_WARP<NM, JOIN> + WARPS * 16 * MT));
 
 // The block's rows for MT 16-token tiles and NM matrices (1: W0; 2: silu(W0 .) * (W1 .)), RT fragments of 8 rows
@@ -223,7 +222,7 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
                                            float* y, int rb, uint8_t* smem) {
     constexpr int MW = MATS_A_WARP<NM, JOIN>, F = MW * RT;  // matrices and fragments a warp
     constexpr int THREADS = 32 * WARPS, TEAM = WARPS * MW / NM, NTOK = 16 * MT, BR = ROWS * RT, WR = MW * BR;
-    constexpr int P = PITCH<T, NM * RT>;
+    constexpr int P = PITCH<T>;
     float* red = reinterpret_cast<float*>(smem);  // [warp][token * WR + matrix of the warp * BR + row]
     float* red_ss = red + WARPS * NTOK * WR;      // [slice][token]: sums of squares of x from team 0
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, qd = lane & 3;
@@ -233,7 +232,7 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     for (int f = 0; f < F; ++f)
         row[f] = (team + f / RT ? W1 : W0) + (long long)min(r0 + ROWS * (f % RT) + g, R - 1) * row_bytes;
 
-    const bool staged = K <= stage_max_k(NM * RT);
+    const bool staged = K <= STAGE_MAX_K;
     if (staged) {
         constexpr int NG = P / 16;  // granules a staged row
         for (int i = tid; i < NM * BR * NG; i += THREADS) {
