@@ -304,7 +304,9 @@ class Engine:
                 first = [c[0] for c in cand_ids]
                 scores = [float(s) for s in self.runner.forward(prompt_ids[reused:], "last", first)]
             with Stopwatch() as forced_sw:
-                after_prompt = self.runner.snapshot()
+                # The state after the prompt, for candidates of several tokens only (a hybrid model's snapshot copies
+                # its recurrent state on the device).
+                after_prompt = self.runner.snapshot() if any(len(ids) > 1 for ids in cand_ids) else None
                 for j, ids in enumerate(cand_ids):
                     if len(ids) > 1:  # teacher-forced: feed all but the last token, gather each next token's logit
                         self.runner.restore(after_prompt)
