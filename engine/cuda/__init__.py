@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 
-from engine import archs
 from engine.errors import EngineError, InvalidInput, UnsupportedArchitecture, env_int
 from engine.timing import Stopwatch
 
@@ -74,8 +73,9 @@ def _check_kernel_types(gf) -> None:
 BASE_MODULES = ("matvec", "tc_matvec", "norm_rope", "attention", "embed", "sample", "gemm", "elementwise")
 
 
-def kernel_modules(config, row: archs.Arch) -> tuple[str, ...]:
-    """The kernel modules a model of this config runs (loaded while its weights upload: ContextStarter.preload)."""
+def kernel_modules(config, row) -> tuple[str, ...]:
+    """The kernel modules a model of this config runs (loaded while its weights upload: ContextStarter.preload); row:
+    its engine.archs.Arch."""
     extra = (("deltanet",) if row.deltanet else ()) + (("mla",) if row.mla else ())
     return BASE_MODULES + extra + (("moe",) if config.moe is not None else ())
 
@@ -85,6 +85,8 @@ def load_runner(config, gf, max_seq: int, context, kv_dtype: str = "f4") -> tupl
     its K/V cache of kv_dtype ("f4" or "f2": engine/cache_type.py).
 
     Returns the runner and the phases measured here (cuda_init_ms, upload statistics, kv cache size)."""
+    from engine import archs  # here, not at the top: prestart runs before it is needed (dataclasses, inspect)
+
     row = archs.get(config.arch)
     if row.cuda_module is None:
         raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")

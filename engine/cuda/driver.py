@@ -10,13 +10,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import TYPE_CHECKING
 
 from engine.cuda import memory
 from engine.errors import CudaError, OutOfMemory
-
-if TYPE_CHECKING:
-    from engine.cuda.memory import DeviceArray, DeviceWeight
 
 KERNEL_DIR = os.environ.get(
     "REFLEX_KERNEL_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "kernels", "build")
@@ -213,7 +209,7 @@ class _DevicePtr(ctypes.c_void_p):
     """A pointer argument that keeps its DeviceArray alive as long as the Launch holding it."""
 
 
-def ptr(p: int | DeviceArray | DeviceWeight | None) -> ctypes.c_void_p:
+def ptr(p: int | memory.DeviceArray | memory.DeviceWeight | None) -> ctypes.c_void_p:
     """A device pointer argument; None is the null pointer (an absent optional input)."""
     if p is None:
         return ctypes.c_void_p(0)
