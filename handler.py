@@ -17,11 +17,12 @@ Job schemas, env settings and deployment: serverless/README.md.
 import os
 import sys
 
-from engine import timing
+from engine import timing  # first: the cold-start clock
 from engine.cuda import prestart
-from engine.worker import serverless  # first: the cold-start clock and the SDK import thread need nothing else
 
 prestart()  # the CUDA context is created on a thread while the rest imports and the model opens, as the CLI does
+
+from engine.worker import serverless  # noqa: E402  (then the SDK import thread, which needs nothing else)
 
 serverless.configure_environment()
 # A load-balancing endpoint (PORT, and no job queue to take from): its own HTTP server, no SDK.
