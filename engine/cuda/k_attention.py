@@ -127,6 +127,16 @@ def attention_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArra
     return [attn_prefill(q, k_cache, v_cache, pos, n, H, KVH, hd, vd, scale, out)]
 
 
+def decode_buffers(H: int, KVH: int, vd: int) -> tuple[DeviceArray, DeviceArray, DeviceArray]:
+    """A model's scratch for decode_launches, H q heads over KVH kv heads of vd value dims: part_o (H, S, vd) f32,
+    part_ml (H, S, 2) f32 (S = dispatch.decode_splits) and the tickets of dispatch.DECODE_TOKENS tokens (16 H,) i32,
+    zeroed (enough for any parts: KVH x parts <= H)."""
+    splits = dispatch.decode_splits(H, KVH, vd)
+    part_o = DeviceArray.empty((H, splits, vd))
+    part_ml = DeviceArray.empty((H, splits, 2))
+    return part_o, part_ml, split_counters(dispatch.DECODE_TOKENS * H)
+
+
 def split_counters(rows: int) -> DeviceArray:
     """attn_decode's tickets, one a row of blocks and token (KVH x parts x tokens; a model holds
     dispatch.DECODE_TOKENS x H, enough for any parts): (rows,) i32, zeroed."""

@@ -48,13 +48,14 @@ class CudaRunner:
         self._graphs: OrderedDict[object, memory.Graph] = OrderedDict()
         self._seen: set[int] = set()
         b = model.max_batch
-        # A page-locked host mirror of ctrl ([pos0, step, token out, chain steps, ids...]) and decode_chain's ring of
-        # ids (RING,) i32, owned by this runner: registering a Python buffer instead would leave its pages registered
-        # after the runner is gone, for the next one to trip.
-        self._ctrl_pinned = memory.host_alloc(4 * (4 + b + RING))
+        # A page-locked host mirror of ctrl ([pos0, step, token out, chain steps, ids...]), decode_chain's ring of ids
+        # (RING,) i32 and the staging of gathered LM-head rows (b,) i32, owned by this runner: registering a Python
+        # buffer instead would leave its pages registered after the runner is gone, for the next one to trip.
+        self._ctrl_pinned = memory.host_alloc(4 * (4 + b + RING + b))
         self._ctrl_host = (ctypes.c_int32 * (4 + b)).from_address(self._ctrl_pinned)
         self._ring_ptr = self._ctrl_pinned + 4 * (4 + b)
         self._ring = (ctypes.c_int32 * RING).from_address(self._ring_ptr)
+        self._gather_host = (ctypes.c_int32 * b).from_address(self._ring_ptr + 4 * RING)
         self._events: list[memory.Event] = []  # one per chain step in flight, made on first use
         # Recurrent layers (hybrids) cannot step back: after a chain that ran past the ids taken, their state is ahead
         # of self.position until reset / restore / import_state.
@@ -192,11 +193,12 @@ class CudaRunner:
 
     def _gather(self, first: int, rows: int, vocab: list[int], per_row: bool):
         n_out = len(vocab)
-        h = self._ctrl_host  # staging for the ids: ctrl's id slots are free once the chunk has run
-        memory.synchronize(self.stream)
+        # Staged apart from ctrl, so the ids go in behind the forward with no wait for it (the last gather's copy
+        # was waited for by its read); the host enqueues this while the GPU still runs the chunk.
+        h = self._gather_host
         for j, t in enumerate(vocab):
-            h[4 + j] = t
-        memory.memcpy_async(self.vocab_ids.ptr, ctypes.addressof(h) + 16, 4 * n_out, memory.H2D, self.stream)
+            h[j] = t
+        memory.memcpy_async(self.vocab_ids.ptr, ctypes.addressof(h), 4 * n_out, memory.H2D, self.stream)
         for launch in self.model.head_gather(first, rows, self.vocab_ids, n_out, self.gathered, per_row):
             launch(self.stream)
         return self._read_small(self.gathered, n_out)
@@ -283,9 +285,7 @@ class CudaRunner:
     def decode_launches(self, token: int) -> list:
         """The launches of one decode step for `token` at the current position, its inputs uploaded, nothing run and
         the position not advanced (engine/tools/profile.py times them one by one)."""
-        self._room(1)
-        self._upload_ctrl([token])
-        memory.synchronize(self.stream)
+        self._stage([token])
         return self._decode_step()
 
     def batch_launches(self, ids: Sequence[int]) -> list:
@@ -294,10 +294,14 @@ class CudaRunner:
         (engine/tools/profile.py)."""
         if not 1 <= len(ids) <= self.model.max_batch:
             raise CudaError(f"a batch of 1 to {self.model.max_batch} ids, got {len(ids)}")
+        self._stage(ids)
+        return self.model.forward(len(ids)) + self.model.head_logits(len(ids) - 1, 1)
+
+    def _stage(self, ids: Sequence[int]) -> None:
+        """Room for ids at the current position and their upload done, so the launches built next can run alone."""
         self._room(len(ids))
         self._upload_ctrl(ids)
         memory.synchronize(self.stream)
-        return self.model.forward(len(ids)) + self.model.head_logits(len(ids) - 1, 1)
 
     def _decode_step(self, then: Sequence = ()) -> list:
         """The model and the LM head for one token (and `then`), as programmatic dependent launches

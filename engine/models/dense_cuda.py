@@ -25,7 +25,7 @@ from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import small_batch, vmm
-from engine.cuda.dispatch import DECODE_TOKENS, SMALL_BATCH, decode_splits, mixed_matvec3, use_matvec
+from engine.cuda.dispatch import SMALL_BATCH, mixed_matvec3, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -85,10 +85,8 @@ class CudaModel:
         self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
         self.hb = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32
         self.hb2 = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32, only when gate/up types differ
-        splits = decode_splits(c.n_heads, c.n_kv_heads, c.value_dim)
-        self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
-        self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
-        self.tickets = ka.split_counters(DECODE_TOKENS * c.n_heads)  # (16*H,) i32: attn_decode's (n x KVH x parts)
+        # (H, splits, vd) f32, (H, splits, 2) f32, (16*H,) i32: attn_decode's partials and tickets
+        self.part_o, self.part_ml, self.tickets = ka.decode_buffers(c.n_heads, c.n_kv_heads, c.value_dim)
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # (layers, max_seq, KVH, hd) f32 or f16, rows mapped by need

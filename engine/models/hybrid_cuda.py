@@ -30,7 +30,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_norm_rope as knr
 from engine.cuda import memory, small_batch, vmm
-from engine.cuda.dispatch import DECODE_TOKENS, decode_splits, use_matvec
+from engine.cuda.dispatch import use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
 from engine.cuda.memory import DeviceArray, DeviceWeight
@@ -133,10 +133,8 @@ class CudaModel:
         self.k = DeviceArray.empty((b, c.n_kv_heads * c.head_dim))  # (b, KVH*hd) f32
         self.v = DeviceArray.empty((b, c.n_kv_heads * c.value_dim))  # (b, KVH*vd) f32
         self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
-        splits = decode_splits(c.n_heads, c.n_kv_heads, c.value_dim)
-        self.part_o = DeviceArray.empty((c.n_heads, splits, c.value_dim))  # (H, splits, vd) f32
-        self.part_ml = DeviceArray.empty((c.n_heads, splits, 2))  # (H, splits, 2) f32
-        self.tickets = ka.split_counters(DECODE_TOKENS * c.n_heads)  # (16*H,) i32: attn_decode's (n x KVH x parts)
+        # (H, splits, vd) f32, (H, splits, 2) f32, (16*H,) i32: attn_decode's partials and tickets
+        self.part_o, self.part_ml, self.tickets = ka.decode_buffers(c.n_heads, c.n_kv_heads, c.value_dim)
         kv_k, kv_v = (n_attn, self.max_seq, c.n_kv_heads, c.head_dim), (n_attn, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # f32 or f16, rows mapped by need
         self.v_cache = vmm.cache(kv_v, self.kv_dtype)  # f32 or f16, rows mapped by need
