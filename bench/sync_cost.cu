@@ -1,0 +1,73 @@
+// What one dependency between two decode stages costs, three ways, for scripts/sync_cost.py (a benchmark: built by
+// that script with nvcc, never loaded by the engine). Every stage is the same token of work: each block reads the
+// previous stage's NB words (one a block, as a matvec reads the whole x the blocks before it wrote), sums them and
+// writes its own word. So a stage costs what a dependency costs, plus one L2 round trip.
+//   chain_step        one stage a launch (a graph of them, with or without programmatic dependent launch);
+//   chain_persistent  every stage in one launch of one block an SM, a grid-wide barrier between stages: the
+//                     dependency of a persistent ("megakernel") decode.
+#include "pdl.cuh"
+
+namespace {
+
+// Block sum of one value a thread (256 threads), returned to thread 0.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float red[8];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = threadIdx.x < 8 ? red[threadIdx.x] : 0.f;
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// One stage: next[block] = 0.5 * sum(prev[0 .. nb)) + 1 (stays finite over any number of stages for nb <= 256).
+__device__ __forceinline__ void stage(const float* prev, float* next, int nb) {
+    float v = 0.f;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) v += __ldcg(prev + i);  // L2: other blocks wrote it
+    v = block_sum(v);
+    if (threadIdx.x == 0) next[blockIdx.x] = 0.5f * v / float(nb) + 1.f;
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Every block of the grid arrives before any leaves. gen only moves once all have arrived, this block included, so
+// reading it before arriving is safe; the last to arrive resets count and moves gen on (release), the rest spin on
+// gen (acquire). No reset is needed between launches.
+__device__ __forceinline__ void grid_sync(unsigned* count, unsigned* gen) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned g = ld_acquire(gen);
+        __threadfence();  // this block's stage writes before its arrival
+        if (atomicAdd(count, 1u) == gridDim.x - 1) {
+            atomicExch(count, 0u);
+            __threadfence();
+            atomicAdd(gen, 1u);
+        } else {
+            while (ld_acquire(gen) == g) {
+            }
+        }
+    }
+    __syncthreads();
+}
+
+}  // namespace
+
+// buf[s * nb .. + nb) is stage s's output; stage s reads stage s - 1's.
+extern "C" __global__ void __launch_bounds__(256) chain_step(float* buf, int s, int nb) {
+    pdl::begin();
+    stage(buf + (long long)(s - 1) * nb, buf + (long long)s * nb, nb);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) chain_persistent(float* buf, int stages, unsigned* bar) {
+    const int nb = gridDim.x;
+    for (int s = 1; s <= stages; ++s) {
+        stage(buf + (long long)(s - 1) * nb, buf + (long long)s * nb, nb);
+        grid_sync(bar, bar + 1);
+    }
+}
