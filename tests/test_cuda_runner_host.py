@@ -96,3 +96,11 @@ def test_gathered_ids_do_not_disturb_the_ctrl_mirror(runner) -> None:
     assert list(r._ctrl_host[4:6]) == [21, 22]  # the prompt's ids, as ctrl was uploaded
     assert list(r.forward([23], "last", [9])) == [4.5]
     assert r.position == 3
+
+
+def test_more_candidates_than_a_batch_are_gathered_a_batch_at_a_time(runner) -> None:
+    r, mem = runner
+    vocab = [(7 * j) % VOCAB for j in range(2 * B + 3)]
+    assert list(r.forward([5, 6], "last", vocab)) == [0.5 * t for t in vocab]
+    gathers = [e for e in mem.log if e == ("launch", "gather_dot")]
+    assert len(gathers) == 3  # pieces of B, B and 3 ids

@@ -143,13 +143,6 @@ class CudaRunner:
         memory.synchronize(self.stream)
         return out
 
-    def _read_small(self, src: DeviceArray, count: int) -> array.array:
-        """A few floats (gathered logits) as array('f'): system1's cold path never needs NumPy."""
-        out = array.array("f", bytes(4 * count))
-        memory.memcpy_async(out.buffer_info()[0], src.ptr, 4 * count, memory.D2H, self.stream)
-        memory.synchronize(self.stream)
-        return out
-
     # -- the runner API ------------------------------------------------------------------------------------
 
     def forward(self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | None = None):
@@ -191,17 +184,27 @@ class CudaRunner:
             parts.append(self._read_f32(self.model.logits, r * self.n_vocab).reshape(r, self.n_vocab))
         return np.concatenate(parts)
 
-    def _gather(self, first: int, rows: int, vocab: list[int], per_row: bool):
-        n_out = len(vocab)
-        # Staged apart from ctrl, so the ids go in behind the forward with no wait for it (the last gather's copy
-        # was waited for by its read); the host enqueues this while the GPU still runs the chunk.
+    def _gather(self, first: int, rows: int, vocab: list[int], per_row: bool) -> array.array:
+        """Gathered logits as array('f') (system1's cold path never needs NumPy): one id a row (per_row, rows <= the
+        batch), or any number of ids of row `first`, max_batch at a time."""
+        n_out, b = len(vocab), self.model.max_batch
+        out = array.array("f", bytes(4 * n_out))
         h = self._gather_host
-        for j, t in enumerate(vocab):
-            h[j] = t
-        memory.memcpy_async(self.vocab_ids.ptr, ctypes.addressof(h), 4 * n_out, memory.H2D, self.stream)
-        for launch in self.model.head_gather(first, rows, self.vocab_ids, n_out, self.gathered, per_row):
-            launch(self.stream)
-        return self._read_small(self.gathered, n_out)
+        for at in range(0, n_out, b):
+            if at:  # the staging still feeds the last piece's copy
+                memory.synchronize(self.stream)
+            piece = vocab[at : at + b]
+            # Staged apart from ctrl, so the ids go in behind the forward with no wait for it (the last gather's
+            # copy was waited for by its read): the host enqueues this while the GPU still runs the chunk.
+            for j, t in enumerate(piece):
+                h[j] = t
+            memory.memcpy_async(self.vocab_ids.ptr, ctypes.addressof(h), 4 * len(piece), memory.H2D, self.stream)
+            for launch in self.model.head_gather(first, rows, self.vocab_ids, len(piece), self.gathered, per_row):
+                launch(self.stream)
+            memory.memcpy_async(out.buffer_info()[0] + 4 * at, self.gathered.ptr, 4 * len(piece), memory.D2H,
+                                self.stream)  # fmt: skip
+        memory.synchronize(self.stream)
+        return out
 
     def sample_next(self, ids: Sequence[int], params: SamplingParams, step: int) -> int:
         """Consume ids and choose the next token on the device; only the token id comes back."""
