@@ -15,6 +15,8 @@ SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of t
 # launch) with the RMSNorm fused; the GEMM past it. One H200 (sm_90, 2026-12-03, scripts/bench_small_batch.py, the
 # matmuls of one Qwen3-0.6B Q4_K_M layer): tc_matvec 47 us at n = 16 and 115 at 64, the split-K GEMM 111 and 113,
 # matvec passes 76 and 297 (so types without tc_matvec would do better on the GEMM from ~24 tokens: not yet a rule).
+# Again after the tc_matvec block shapes of 2026-12-04 (same script, --n 48,64): tc_matvec 103.2 / 104.8 us at 48 /
+# 64 tokens, the split-K GEMM 112.2 / 113.0; per matrix the GEMM won only the SwiGLU pair (34.0 against 40.6 at 64).
 MATVEC_MAX = 64
 
 # From this many tokens (to MATVEC_MAX), a weight type with a tc_matvec kernel takes one launch of it (every token
