@@ -38,8 +38,11 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 
 // Every block of the grid arrives before any leaves. gen only moves once all have arrived, this block included, so
 // reading it before arriving is safe; the last to arrive resets count and moves gen on (release), the rest spin on
-// gen (acquire). No reset is needed between launches.
-__device__ __forceinline__ void grid_sync(unsigned* count, unsigned* gen) {
+// gen (acquire). No reset is needed between launches. A block that waits past SPIN_LIMIT polls (the grid was not
+// all resident) sets *failed and goes on, so the benchmark reports it instead of hanging the GPU.
+constexpr long long SPIN_LIMIT = 1LL << 24;
+
+__device__ __forceinline__ void grid_sync(unsigned* count, unsigned* gen, unsigned* failed) {
     __syncthreads();
     if (threadIdx.x == 0) {
         const unsigned g = ld_acquire(gen);
@@ -49,8 +52,11 @@ __device__ __forceinline__ void grid_sync(unsigned* count, unsigned* gen) {
             __threadfence();
             atomicAdd(gen, 1u);
         } else {
-            while (ld_acquire(gen) == g) {
-            }
+            for (long long spin = 0; ld_acquire(gen) == g; ++spin)
+                if (spin == SPIN_LIMIT) {
+                    atomicExch(failed, 1u);
+                    break;
+                }
         }
     }
     __syncthreads();
@@ -64,10 +70,11 @@ extern "C" __global__ void __launch_bounds__(256) chain_step(float* buf, int s, 
     stage(buf + (long long)(s - 1) * nb, buf + (long long)s * nb, nb);
 }
 
+// bar: [count, gen, failed] u32, zeroed before the first launch.
 extern "C" __global__ void __launch_bounds__(256, 1) chain_persistent(float* buf, int stages, unsigned* bar) {
     const int nb = gridDim.x;
     for (int s = 1; s <= stages; ++s) {
         stage(buf + (long long)(s - 1) * nb, buf + (long long)s * nb, nb);
-        grid_sync(bar, bar + 1);
+        grid_sync(bar, bar + 1, bar + 2);
     }
 }

@@ -89,11 +89,13 @@ def main() -> int:
         buf.free()
     buf = DeviceArray.empty(((S + 1) * sms,))
     buf.fill_byte(0)
-    bar = DeviceArray.empty((2,), "u4")
+    bar = DeviceArray.empty((3,), "u4")  # count, gen, failed
     bar.fill_byte(0)
     launch = driver.Launch(mod.fn("chain_persistent"), (sms,), (256,),
                            [driver.ptr(buf), driver.i32(S), driver.ptr(bar)])  # fmt: skip
     rows.append(("one launch, a grid barrier a stage", sms, time_graph([launch], stream, args.samples, S)))
+    if bar.to_host()[2]:
+        raise SystemExit("a grid barrier timed out: the persistent grid was not all resident")
     check(buf, S, sms)
     print(f"{info['name']} ({info['arch']}, {sms} SMs), {S} stages, median of {args.samples} samples\n")
     print("| dependency | blocks | us a stage | min-max |")
