@@ -13,6 +13,7 @@
 #   profile    engine profile --repeats 50 per model named in PROFILE_MODELS (default: the 4-layer MoE / MLA shapes)
 #   longctx    scripts/bench_long_context.py per model named in LONGCTX_MODELS (f32 and f16 K/V caches, decode step
 #              against the context length: 0.6B shape to its 40,959 positions, the hybrid to 65,535)
+#   synccost   scripts/sync_cost.py: a launch boundary (plain, programmatic) against a grid barrier, a stage
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
 #              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel
 # Usage: STAGES="tests bench" scripts/device_run.sh
@@ -105,6 +106,8 @@ for stage in $STAGES; do
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1], r['step_ms'], 'ms a step')" \
           "$OUT/profile_$m.json"
       done ;;
+    synccost)
+      timeout 120 python3 scripts/sync_cost.py > "$OUT/sync_cost.md" 2>&1; stage_exit=$?; cat "$OUT/sync_cost.md" ;;
     ncu)
       m=${NCU_MODEL:-bench/models/qwen3-0.6b-shaped-q4_k_m.gguf}
       timeout "${NCU_TIMEOUT:-200}" ncu --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-40}" \
