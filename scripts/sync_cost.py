@@ -5,8 +5,9 @@ persistent decode kernel could save: (boundary - barrier) x the step's launches.
     python scripts/sync_cost.py [--stages 168] [--samples 20]
 
 Each stage reads the whole previous stage's output (as a matvec reads x) and writes one word a block, so a stage
-costs a dependency plus one L2 round trip. Builds the benchmark with nvcc for this GPU (not the engine's kernels);
-times graphs with CUDA events; prints a markdown table (median and range of the samples, microseconds a stage).
+costs a dependency plus one L2 round trip. Builds the benchmark with nvcc for this GPU (not the engine's kernels),
+times graphs of the launches as scripts/bench_gemm.py does, and prints a markdown table: median and range of the
+samples, microseconds a stage.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from bench_gemm import time_launch  # noqa: E402
 
 from engine.cuda import driver, memory  # noqa: E402
 from engine.cuda.memory import DeviceArray  # noqa: E402
@@ -40,24 +44,6 @@ def expected(stages: int) -> float:
     for _ in range(stages):
         v = 0.5 * v + 1.0
     return v
-
-
-def time_graph(launches: list[driver.Launch], stream: int, samples: int, per: int) -> list[float]:
-    """Microseconds a stage (the graph's time / per), one value a sample, after three warm-up replays."""
-    with memory.Graph(stream) as graph:
-        for launch in launches:
-            launch(stream)
-    timer = memory.Timer(stream)
-    for _ in range(3):
-        graph.launch()
-    memory.synchronize(stream)
-    out = []
-    for _ in range(samples):
-        timer.start()
-        graph.launch()
-        out.append(timer.stop() * 1e3 / per)
-    graph.destroy()
-    return out
 
 
 def main() -> int:
@@ -83,7 +69,7 @@ def main() -> int:
                 if not driver.pdl_enabled():
                     continue
                 driver.programmatic(launches)
-            us = time_graph(launches, stream, args.samples, S)
+            us = [ms * 1e3 / S for ms in time_launch(launches, stream, args.samples)]
             rows.append((f"a launch a stage{', programmatic' if pdl else ''}", nb, us))
             check(buf, S, nb)
         buf.free()
@@ -93,7 +79,8 @@ def main() -> int:
     bar.fill_byte(0)
     launch = driver.Launch(mod.fn("chain_persistent"), (sms,), (256,),
                            [driver.ptr(buf), driver.i32(S), driver.ptr(bar)])  # fmt: skip
-    rows.append(("one launch, a grid barrier a stage", sms, time_graph([launch], stream, args.samples, S)))
+    us = [ms * 1e3 / S for ms in time_launch(launch, stream, args.samples)]
+    rows.append(("one launch, a grid barrier a stage", sms, us))
     if bar.to_host()[2]:
         raise SystemExit("a grid barrier timed out: the persistent grid was not all resident")
     check(buf, S, sms)
