@@ -256,10 +256,10 @@ class Engine:
         result.update(cold_start=cold, model=self.model_info, backend=self.backend)
         return result
 
-    def _encode_prompt(self, prompt: str) -> list[int]:
+    def _encode_prompt(self, prompt: str, add_eos: bool | None = None) -> list[int]:
         if not isinstance(prompt, str):
             raise InvalidInput("prompt must be a string")
-        ids = self.tokenizer.encode(prompt)
+        ids = self.tokenizer.encode(prompt, add_eos=add_eos)
         if not ids:
             raise InvalidInput("the prompt encodes to no tokens: there is nothing to condition on")
         return ids
@@ -293,8 +293,11 @@ class Engine:
         if isinstance(candidates, str) or not candidates or not all(isinstance(c, str) for c in candidates):
             raise InvalidInput("candidates must be a non-empty list of strings")
         with Stopwatch() as tok_sw:
-            prompt_ids = self._encode_prompt(prompt)
-            cand_ids = system1.candidate_ids(lambda s: self.tokenizer.encode(s, add_bos=False), prompt, candidates)
+            # Candidates continue the prompt's text: no EOS after it (a file that asks for one would end every
+            # encoding with it, and no candidate could be told apart from the prompt by the difference).
+            prompt_ids = self._encode_prompt(prompt, add_eos=False)
+            cand_ids = system1.candidate_ids(lambda s: self.tokenizer.encode(s, add_bos=False, add_eos=False), prompt,
+                                             candidates)  # fmt: skip
         needed = len(prompt_ids) + max(len(c) for c in cand_ids) - 1
         if needed > self.max_seq:
             raise ContextOverflow(needed, self.max_seq, "the prompt plus the longest candidate")

@@ -49,6 +49,18 @@ def test_system1_ties_go_to_the_last_maximum(engine):
     assert math.isclose(r["entropy_bits"], 1.0)
 
 
+def test_system1_of_a_file_that_ends_encodings_with_eos_scores_the_continuations(engine, monkeypatch):
+    """tokenizer.ggml.add_eos_token = true: the candidates are told apart from the prompt without it, and scored
+    right after the prompt's text, as for a file without the flag."""
+    cands = [" Paris", " the city of lights"]
+    want = engine.system1(PROMPT, cands)
+    monkeypatch.setattr(engine.tokenizer, "add_eos", True)
+    assert engine.tokenizer.encode(PROMPT)[-1] == engine.tokenizer.eos_id
+    got = engine.system1(PROMPT, cands)
+    assert [c["token_ids"] for c in got["candidates"]] == [c["token_ids"] for c in want["candidates"]]
+    assert [c["score"] for c in got["candidates"]] == [c["score"] for c in want["candidates"]]
+
+
 def test_system1_rejects_bad_candidates(engine):
     with pytest.raises(InvalidInput, match="clean continuation"):
         engine.system1("The capital of Fra", ["nce"])  # "Fra" + "nce" re-tokenizes the prompt's last word
