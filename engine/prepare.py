@@ -158,10 +158,8 @@ def _from_cache(model_path: str, cpath: str) -> OpenedModel | None:
         raise ValueError(f"bad data offset {data_offset!r}")
     with open(model_path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size != header["model"]["size"] or data_offset > size:
-            log.info("ignoring the cache of %s: it was built for a file of another size", model_path)
-            return None
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    same_size = size == header["model"]["size"] and data_offset <= size
     found: dict = {}
 
     def hash_identity() -> None:
@@ -169,13 +167,18 @@ def _from_cache(model_path: str, cpath: str) -> OpenedModel | None:
             found.update(_identity(mm, data_offset))
 
     hashing = threading.Thread(target=hash_identity, daemon=True)
-    hashing.start()
+    if same_size:
+        hashing.start()
     try:
         if hashlib.sha256(body).digest() != digest:
             raise ValueError("its contents do not match their digest (a damaged or edited cache)")
+        if not same_size:
+            log.info("ignoring the cache of %s: it was built for a file of another size", model_path)
+            return None
         tokenizer = Tokenizer.from_cache_bytes(body[n_json:])  # marshal: only after the digest
     finally:
-        hashing.join()
+        if same_size:
+            hashing.join()
     for key, what in (("header_sha256", "its header bytes (metadata, tensor table)"),
                       ("data_sample_sha256", "its tensor data (sampled)")):  # fmt: skip
         if found[key] != header["model"][key]:

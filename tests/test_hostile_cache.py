@@ -61,6 +61,22 @@ def test_one_changed_digit_of_a_tensor_offset_is_noticed(model, caplog):
     assert greedy(model) == (fresh, False)
 
 
+def test_an_edited_file_size_is_reported_as_an_edit_not_as_another_file(model, caplog):
+    """The JSON is read before its digest is checked (its data offset starts the model's hashing early): a value
+    edited there must still end in the digest's message, and nothing from it used."""
+    prepare.write_cache(model)
+    cache = prepare.cache_path(model)
+    with open(cache, "rb") as f:
+        data = f.read()
+    size = str(os.path.getsize(model)).encode()
+    other = (b"1" if size[:1] != b"1" else b"2") + size[1:]  # its first digit off
+    edited = data.replace(b'{"size":' + size, b'{"size":' + other, 1)
+    assert edited != data
+    with open(cache, "wb") as f:
+        f.write(edited)
+    ignored(model, caplog, "do not match their digest")
+
+
 def test_a_cache_copied_beside_another_file_of_the_same_size_and_header_is_noticed(tmp_path, caplog):
     a, b = str(tmp_path / "a.gguf"), str(tmp_path / "b.gguf")
     shutil.copy(MODEL, a)
