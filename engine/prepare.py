@@ -3,7 +3,8 @@
 `<model>.reflex-cache` holds what the cold path would otherwise recompute from the GGUF header: the metadata
 (without the vocabulary arrays), the tensor table, the file's sha256 and the tokenizer in its fast-loading form.
 It lives beside the model and nowhere else (the loader looks there only). Nothing in it is trusted unchecked:
-- its contents carry their own sha256, checked before any of it is used (a changed tensor offset is noticed);
+- its contents carry their own sha256, checked before any of it is trusted (a changed tensor offset is noticed;
+  only the data offset and file size are read earlier, to start hashing the model's identity on a thread);
 - it names the model it was built from: the file's size, the sha256 of its header bytes (metadata and tensor
   table: everything before the tensor data) and the sha256 of a sample of the tensor data (SAMPLES blocks of
   SAMPLE_BYTES spread evenly over it, and its last block), so a cache copied beside another file with the same
