@@ -5,7 +5,7 @@
 #   sanitizer  compute-sanitizer memcheck over the kernel tests (SANITIZER_PATHS picks them)
 #   bench      the Qwen3-0.6B-shaped benchmark models: engine bench (warm + cold), conformance report
 #   llamacpp   build llama.cpp (llama-simple, llama-bench; CUDA sm_90) from the source tarball LLAMA_TARBALL
-#              (its vendor/llama.cpp folder from the llama-cpp-python sdist) into $LLAMA_DIR
+#              (scripts/llama_source.sh makes it from the llama-cpp-python sdist) into $LLAMA_DIR
 #   models     the benchmark models: Qwen3-0.6B shaped (make_bench_model.py) and the MoE / MLA / hybrid shapes
 #              (make_family_bench_model.py), into bench/models
 #   peer       engine bench --cold $COLD_RUNS --peer llama.cpp=$LLAMA_DIR --plot, per model named in PEER_MODELS
