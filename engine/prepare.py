@@ -4,7 +4,8 @@
 (without the vocabulary arrays), the tensor table, the file's sha256 and the tokenizer in its fast-loading form.
 It lives beside the model and nowhere else (the loader looks there only). Nothing in it is trusted unchecked:
 - its contents carry their own sha256, checked before any of it is trusted (a changed tensor offset is noticed;
-  only the data offset and file size are read earlier, to start hashing the model's identity on a thread);
+  only the data offset and file size are read earlier, tentatively, to start hashing the model's identity on a
+  thread);
 - it names the model it was built from: the file's size, the sha256 of its header bytes (metadata and tensor
   table: everything before the tensor data) and the sha256 of a sample of the tensor data (SAMPLES blocks of
   SAMPLE_BYTES spread evenly over it, and its last block), so a cache copied beside another file with the same
@@ -145,41 +146,57 @@ def _read_cache(path: str) -> tuple[int, bytes, bytes]:
         return n_json, f.read(n_json + n_tok), digest
 
 
+def _tentative_json(raw: bytes) -> dict:
+    """The cache's JSON read before its digest is checked, only to start hashing the model early: {} if unreadable
+    (its errors are raised, if the digest holds, by the strict read after it)."""
+    try:
+        header = json.loads(raw)
+    except Exception:  # ValueError, RecursionError, ...: the digest decides what the cache is worth
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
 def _from_cache(model_path: str, cpath: str) -> OpenedModel | None:
     """The model through its cache, or None when the cache was built for another file. The model's identity (header
     and samples, ~3 ms of sha256 for a 150 K vocabulary) is hashed on a thread while this one checks the cache's own
-    digest and builds the tokenizer from it (hashlib lets go of the GIL on large buffers): the data offset that bounds
-    the header comes from the JSON before its digest is checked, but nothing is returned unless both match."""
+    digest and builds the tokenizer from it (hashlib lets go of the GIL on large buffers). The data offset that bounds
+    the header and the file size come from the JSON before its digest is checked: the thread starts only when they
+    agree with the file and the header is within MAX_SECTION, and nothing is trusted unless the digest holds."""
     n_json, body, digest = _read_cache(cpath)
-    header = json.loads(body[:n_json])
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ValueError("another format version")
-    data_offset = header["data_offset"]
-    if not (isinstance(data_offset, int) and data_offset > 0):
-        raise ValueError(f"bad data offset {data_offset!r}")
+    early = _tentative_json(body[:n_json])
     with open(model_path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    same_size = size == header["model"]["size"] and data_offset <= size
+    early_offset, model = early.get("data_offset"), early.get("model")
+    ahead = (type(early_offset) is int and 0 < early_offset <= min(size, MAX_SECTION) and isinstance(model, dict)
+             and model.get("size") == size)  # fmt: skip
     found: dict = {}
 
     def hash_identity() -> None:
         with contextlib.suppress(Exception):  # found stays empty: a KeyError below, and the GGUF is parsed instead
-            found.update(_identity(mm, data_offset))
+            found.update(_identity(mm, early_offset))
 
     hashing = threading.Thread(target=hash_identity, daemon=True)
-    if same_size:
+    if ahead:
         hashing.start()
     try:
         if hashlib.sha256(body).digest() != digest:
             raise ValueError("its contents do not match their digest (a damaged or edited cache)")
-        if not same_size:
+        header = early or json.loads(body[:n_json])  # the strict read raises what the tentative one swallowed
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise ValueError("another format version")
+        data_offset = header["data_offset"]
+        if not (isinstance(data_offset, int) and data_offset > 0):
+            raise ValueError(f"bad data offset {data_offset!r}")
+        if size != header["model"]["size"]:
             log.info("ignoring the cache of %s: it was built for a file of another size", model_path)
             return None
         tokenizer = Tokenizer.from_cache_bytes(body[n_json:])  # marshal: only after the digest
     finally:
-        if same_size:
+        if ahead:
             hashing.join()
+    if not ahead:  # a header past MAX_SECTION: hashed here, after the digest
+        found.update(_identity(mm, data_offset))
     for key, what in (("header_sha256", "its header bytes (metadata, tensor table)"),
                       ("data_sample_sha256", "its tensor data (sampled)")):  # fmt: skip
         if found[key] != header["model"][key]:

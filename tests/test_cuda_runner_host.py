@@ -77,7 +77,8 @@ def runner(monkeypatch):
     monkeypatch.setenv("REFLEX_CUDA_GRAPHS", "0")
     r = cuda_runner.CudaRunner(FakeModel(mem), stream=0)
     yield r, mem
-    r._ctrl_pinned = 0  # its buffer is the fake's
+    # Their memory is the fake's: nothing may reach the real cudaFree / cudaFreeHost once the patches are undone.
+    r._ctrl_pinned = r.vocab_ids.ptr = r.gathered.ptr = r.model.ctrl.ptr = 0
 
 
 def test_the_gather_of_a_prompt_follows_its_forward_without_a_wait(runner) -> None:
@@ -102,5 +103,14 @@ def test_more_candidates_than_a_batch_are_gathered_a_batch_at_a_time(runner) -> 
     r, mem = runner
     vocab = [(7 * j) % VOCAB for j in range(2 * B + 3)]
     assert list(r.forward([5, 6], "last", vocab)) == [0.5 * t for t in vocab]
-    gathers = [e for e in mem.log if e == ("launch", "gather_dot")]
-    assert len(gathers) == 3  # pieces of B, B and 3 ids
+    piece = [("copy", memory.H2D, 4 * B), ("launch", "norm"), ("launch", "gather_dot"), ("copy", memory.D2H, 4 * B)]
+    last = [("copy", memory.H2D, 12), ("launch", "norm"), ("launch", "gather_dot"), ("copy", memory.D2H, 12)]
+    # pieces of B, B and 3 ids; the staging is rewritten only after the copy that reads it has run
+    assert mem.log[-15:] == [*piece, ("sync",), *piece, ("sync",), *last, ("sync",)]
+
+
+def test_every_row_gathers_its_own_id(runner) -> None:
+    r, mem = runner
+    assert list(r.forward([3, 4, 5], "all", [10, 20, 30])) == [5.0, 10.0, 15.0]
+    assert mem.log[-5:] == [("copy", memory.H2D, 12), ("launch", "norm"), ("launch", "gather_dot"),
+                            ("copy", memory.D2H, 12), ("sync",)]  # fmt: skip

@@ -61,19 +61,20 @@ def test_one_changed_digit_of_a_tensor_offset_is_noticed(model, caplog):
     assert greedy(model) == (fresh, False)
 
 
-def test_an_edited_file_size_is_reported_as_an_edit_not_as_another_file(model, caplog):
-    """The JSON is read before its digest is checked (its data offset starts the model's hashing early): a value
-    edited there must still end in the digest's message, and nothing from it used."""
+@pytest.mark.parametrize("field", ["size", "format", "data_offset"])
+def test_an_edited_value_is_reported_as_an_edit_not_as_another_file(model, caplog, field):
+    """The JSON is read tentatively before its digest is checked (its data offset and file size start the model's
+    hashing early): a value edited there must still end in the digest's message, and nothing from it used."""
     prepare.write_cache(model)
     cache = prepare.cache_path(model)
     with open(cache, "rb") as f:
         data = f.read()
-    size = str(os.path.getsize(model)).encode()
-    other = (b"1" if size[:1] != b"1" else b"2") + size[1:]  # its first digit off
-    edited = data.replace(b'{"size":' + size, b'{"size":' + other, 1)
-    assert edited != data
+    value = {"size": os.path.getsize(model), "format": prepare.FORMAT, "data_offset": gguf.read(model).data_offset}
+    old = f'"{field}":{value[field]}'.encode()
+    new = old[:-1] + (b"1" if old[-1:] != b"1" else b"2")  # its last digit off
+    assert data.count(old) >= 1
     with open(cache, "wb") as f:
-        f.write(edited)
+        f.write(data.replace(old, new, 1))
     ignored(model, caplog, "do not match their digest")
 
 

@@ -188,6 +188,7 @@ class CudaRunner:
         """Gathered logits as array('f') (system1's cold path never needs NumPy): one id a row (per_row, rows <= the
         batch), or any number of ids of row `first`, max_batch at a time."""
         n_out, b = len(vocab), self.model.max_batch
+        assert not per_row or n_out == rows <= b, "per-row gathers come a chunk at a time"
         out = array.array("f", bytes(4 * n_out))
         h = self._gather_host
         for at in range(0, n_out, b):
