@@ -113,3 +113,47 @@ def test_decode_bytes_counts_the_chosen_experts_only():
     rest = sum(t.n_bytes for n, t in gf.tensors.items() if "_exps." not in n)
     assert (cfg.moe.n_experts_used, cfg.moe.n_experts, cfg.tied_output) == (2, 8, True)
     assert decode_bytes(cfg, gf.tensors) == rest + experts // 4
+
+
+def test_dropping_the_page_cache_comes_before_every_cold_process(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from engine.tools import bench
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(4096))
+    (tmp_path / "m.gguf.reflex-cache").write_bytes(bytes(16))
+    log: list = []
+    advised = {}
+
+    def fadvise(fd, offset, length, advice):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        advised[path] = advice
+        log.append("drop" if path == str(model) else "drop cache")
+
+    class FakeMeter:
+        def run(self, argv, env=None):
+            log.append("peer" if argv[0] == "peer" else argv[3])
+            out = json.dumps({"cold_start": {"prepare_cache_used": True, "imports_ms": 1.0}})
+            return SimpleNamespace(stdout=out, stderr="", returncode=0, wall_ms=2.0, energy_j=None, peak_vram_mib=None)
+
+    peer = SimpleNamespace(cold_argv=lambda m, p: ["peer"], phases=lambda err: {"load_ms": 1.0})
+    monkeypatch.setattr(os, "posix_fadvise", fadvise, raising=False)
+    monkeypatch.setattr(bench, "compile_bytecode", lambda: True)
+    summary, _ = bench.cold(str(model), 2, "cpu", peer, FakeMeter(), drop_cache=True)
+    drop = ["drop", "drop cache"]
+    assert log == [*drop, "system1", *drop, "generate", *drop, "peer"] * 2
+    assert advised == {str(model): os.POSIX_FADV_DONTNEED, str(model) + ".reflex-cache": os.POSIX_FADV_DONTNEED}
+    assert summary["system1"]["page_cache"] == "dropped"
+    log.clear()
+    summary, _ = bench.cold(str(model), 1, "cpu", None, FakeMeter())
+    assert log == ["system1", "generate"] and summary["generate"]["page_cache"] == "warm"
+
+
+def test_dropping_the_page_cache_of_a_real_file_and_without_cold_runs():
+    from engine.tools import bench
+
+    bench.drop_page_cache(MODEL)  # a real file: the kernel takes the advice (or ignores it), nothing raises
+    p = subprocess.run([sys.executable, "-m", "engine", "bench", MODEL, "--backend", "cpu", "--drop-page-cache"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert p.returncode == 2 and "give --cold N" in json.loads(p.stdout)["error"]

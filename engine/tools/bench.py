@@ -7,6 +7,8 @@ Cold: N fresh `python -m engine system1|generate` processes; each one's own phas
 seen from outside (process spawn to exit), the GPU energy and peak memory it took, p50 / p95 per phase, and whether
 every run opened the model through its prepare cache (`prepare_cache_used`; a warning on stderr where not: a worker's
 image is built with one, and without it the open parses the whole header and the file is hashed beside the result).
+The model's pages stay in the page cache between runs (`page_cache: warm`) unless `--drop-page-cache` drops them
+before every process (`dropped`: the disk read of a node that has not read the model yet).
 `--peer llama.cpp=BUILD_DIR`: the same file through llama.cpp, interleaved with ours (engine/tools/peer.py), and the
 ratios; `--plot FILE.svg|png` draws the cold-start phases and the decode / prefill bars (engine/tools/plot.py).
 """
@@ -21,7 +23,8 @@ import subprocess
 import sys
 import time
 
-from engine import timing
+from engine import prepare, timing
+from engine.errors import InvalidInput
 
 SYSTEM1_PROMPT = "Question: is the sky blue on a clear day? Answer:"
 CANDIDATES = [" yes", " no", " maybe"]
@@ -125,9 +128,24 @@ def cli_result(stdout: str, stderr: str, what: str) -> dict:
     return result
 
 
-def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> tuple[dict, dict | None]:
+def drop_page_cache(model: str) -> None:
+    """The model file's pages and its prepare cache's out of the page cache (POSIX_FADV_DONTNEED: clean pages no
+    process maps), so that the next process reads them from the disk, as a worker on a node that has not read the
+    image's model yet does."""
+    for path in (model, prepare.cache_path(model)):
+        if os.path.exists(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def cold(model: str, runs: int, backend: str | None, peer=None, meter=None,
+         drop_cache: bool = False) -> tuple[dict, dict | None]:  # fmt: skip
     """Fresh processes: system1 and generate (1 token), phases p50/p95, the external wall clock, GPU energy and peak
-    memory; with a `peer` (engine.tools.peer.LlamaCpp), its cold first token on the same file, interleaved."""
+    memory; with a `peer` (engine.tools.peer.LlamaCpp), its cold first token on the same file, interleaved. With
+    drop_cache, every process (the peer's too) starts with the model out of the page cache (drop_page_cache)."""
     from engine.tools.peer import Meter
 
     meter = meter or Meter()
@@ -143,12 +161,16 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> t
     prepared = True
     for _ in range(runs):
         for name, args in jobs.items():
+            if drop_cache:
+                drop_page_cache(model)
             r = meter.run(args, env=env)
             result = cli_result(r.stdout, r.stderr, f"cold {name}")
             phases = {k: v for k, v in result["cold_start"].items() if isinstance(v, float)}
             prepared = prepared and bool(result["cold_start"].get("prepare_cache_used"))
             _collect(ours[name], phases, r)
         if peer is not None:
+            if drop_cache:
+                drop_page_cache(model)
             r = meter.run(peer.cold_argv(model, SYSTEM1_PROMPT))
             if r.returncode != 0:
                 raise RuntimeError(f"{peer.name} cold run failed: {r.stderr[-500:]}")
@@ -157,6 +179,7 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None) -> t
     for record in summary.values():
         record["prepare_cache_used"] = prepared
         record["bytecode_compiled"] = compiled
+        record["page_cache"] = "dropped" if drop_cache else "warm"
     if not prepared:
         print(f"bench: the cold runs opened {model} without its prepare cache (`python -m engine prepare MODEL`, as "
               "the worker image's build does): not a worker's cold start", file=sys.stderr)  # fmt: skip
@@ -191,6 +214,10 @@ def run(args) -> dict:
     from engine.engine import Engine
     from engine.tools import peer as peers
 
+    if args.drop_page_cache and not args.cold:
+        raise InvalidInput("--drop-page-cache applies to the cold runs: give --cold N as well")
+    if args.drop_page_cache and not hasattr(os, "posix_fadvise"):
+        raise InvalidInput("--drop-page-cache needs posix_fadvise, which this system does not have")
     peer = peers.LlamaCpp(args.peer.split("=", 1)[1]) if args.peer else None  # checked before anything is timed
     report = {"date": time.strftime("%Y-%m-%d"), "model": os.path.basename(args.model), "command": " ".join(sys.argv)}
     meter = peers.Meter()
@@ -208,7 +235,7 @@ def run(args) -> dict:
     del engine  # the GPU is the cold processes' and the peer's from here on
     gc.collect()
     if args.cold:
-        report["cold"], peer_cold = cold(args.model, args.cold, args.backend, peer, meter)
+        report["cold"], peer_cold = cold(args.model, args.cold, args.backend, peer, meter, args.drop_page_cache)
     if peer is not None:
         report["peer"] = {"name": peer.name, "bin": peer.bin, "cold": peer_cold or {}, "warm": peer.bench(args.model)}
         report["ours_vs_peer"] = peers.compare(report)

@@ -308,6 +308,9 @@ def _parser() -> argparse.ArgumentParser:
     b = model_cmd("bench", "warm latency/throughput here, cold start over fresh processes (p50/p95)")
     b.add_argument("--repeats", type=_integer(1), default=20, help="timed repeats of each warm measurement")
     b.add_argument("--cold", type=_integer(0), default=0, help="fresh processes per cold measurement (0: skip)")
+    b.add_argument("--drop-page-cache", action="store_true",
+                   help="start every cold process with the model out of the page cache (read from the disk, as on a "
+                   "node that has not read it yet)")  # fmt: skip
     b.add_argument(
         "--peer",
         metavar="llama.cpp=DIR",
