@@ -159,19 +159,21 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None,
     ours: dict[str, dict[str, list[float]]] = {name: {} for name in jobs}
     theirs: dict[str, list[float]] = {}
     prepared = True
+
+    def fresh(argv: list[str], **kw):
+        if drop_cache:
+            drop_page_cache(model)
+        return meter.run(argv, **kw)
+
     for _ in range(runs):
         for name, args in jobs.items():
-            if drop_cache:
-                drop_page_cache(model)
-            r = meter.run(args, env=env)
+            r = fresh(args, env=env)
             result = cli_result(r.stdout, r.stderr, f"cold {name}")
             phases = {k: v for k, v in result["cold_start"].items() if isinstance(v, float)}
             prepared = prepared and bool(result["cold_start"].get("prepare_cache_used"))
             _collect(ours[name], phases, r)
         if peer is not None:
-            if drop_cache:
-                drop_page_cache(model)
-            r = meter.run(peer.cold_argv(model, SYSTEM1_PROMPT))
+            r = fresh(peer.cold_argv(model, SYSTEM1_PROMPT))
             if r.returncode != 0:
                 raise RuntimeError(f"{peer.name} cold run failed: {r.stderr[-500:]}")
             _collect(theirs, peer.phases(r.stderr), r)
