@@ -25,6 +25,11 @@ prestart()  # the CUDA context is created on a thread while the rest imports and
 from engine.worker import serverless  # noqa: E402  (then the SDK import thread, which needs nothing else)
 
 serverless.configure_environment()
+# The weights upload on the context's thread as soon as it exists, when the model is already on this machine.
+from engine.cuda import upload_early  # noqa: E402
+from engine.worker.models import local_path  # noqa: E402
+
+upload_early(local_path())
 # A load-balancing endpoint (PORT, and no job queue to take from): its own HTTP server, no SDK.
 if __name__ == "__main__" and os.environ.get("PORT") and not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"):
     from engine.worker import http

@@ -163,10 +163,20 @@ class Engine:
         lora: [(adapter_path, scale), ...] applied beside the base weights; prefix_state: a state file to resume
         requests from (default: MODEL.reflex-prefix when present); kv_cache_type: "f32" or "f16" (default:
         KV_CACHE_TYPE, else f32; engine/cache_type.py)."""
-        from engine.bundled import default_model_path
-
         load_start = timing.now()
         chosen, context = _start_backend(backend)
+        try:
+            return cls._load(load_start, chosen, context, path, max_seq_len, lora, prefix_state, kv_cache_type)
+        except BaseException:
+            if context is not None:  # its thread ends; an early weight upload nobody took is freed
+                context.abandon()
+            raise
+
+    @classmethod
+    def _load(cls, load_start: float, chosen: str, context, path, max_seq_len, lora, prefix_state,
+              kv_cache_type) -> Engine:  # fmt: skip
+        from engine.bundled import default_model_path
+
         path = os.fspath(path) if path is not None else default_model_path()
         with Stopwatch() as open_sw:
             opened = open_model(path)
@@ -195,6 +205,7 @@ class Engine:
                 except (CudaError, UnsupportedArchitecture) as e:
                     if chosen == "cuda":
                         raise
+                    context.abandon()
                     log.warning("CUDA backend unavailable (%s): using the CPU backend", e)
             if runner is None:
                 runner = _cpu_runner(config, gf, max_seq, adapters, kv_dtype)

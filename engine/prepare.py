@@ -146,6 +146,30 @@ def _read_cache(path: str) -> tuple[int, bytes, bytes]:
         return n_json, f.read(n_json + n_tok), digest
 
 
+def cached_data_span(model_path: str) -> tuple[int, int] | None:
+    """(data offset, file size) of the model as its cache records them, read tentatively (preamble and JSON only, the
+    digest unchecked): what the weight upload may start from on the CUDA context's thread before the model is opened
+    (engine/cuda/upload.py, early). Whoever takes that upload checks it against the opened file, so a wrong answer
+    here costs a discarded copy, never a wrong weight. None when there is no readable cache or it disagrees with the
+    file's size."""
+    try:
+        with open(cache_path(model_path), "rb") as f:
+            head = f.read(len(MAGIC) + _PREAMBLE.size)
+            if not head.startswith(MAGIC) or len(head) < len(MAGIC) + _PREAMBLE.size:
+                return None
+            n_json = _PREAMBLE.unpack_from(head, len(MAGIC))[0]
+            if n_json > MAX_SECTION:
+                return None
+            header = _tentative_json(f.read(n_json))
+        size = os.path.getsize(model_path)
+    except OSError:
+        return None
+    offset, model = header.get("data_offset"), header.get("model")
+    if type(offset) is not int or not 0 < offset <= size or not isinstance(model, dict) or model.get("size") != size:
+        return None
+    return offset, size
+
+
 def _tentative_json(raw: bytes) -> dict:
     """The cache's JSON read before its digest is checked, only to start hashing the model early: {} if unreadable
     (its errors are raised, if the digest holds, by the strict read after it)."""

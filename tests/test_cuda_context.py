@@ -4,12 +4,15 @@ the model runs (engine/cuda.kernel_modules) while the main thread uploads the we
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
-from engine import archs
+from engine import archs, cuda, prepare
 from engine.config import ModelConfig, MoE
 from engine.cuda import BASE_MODULES, driver, kernel_modules
+from engine.engine import Engine
+from tests import conformance as C
 
 KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 
@@ -43,3 +46,24 @@ def test_the_context_thread_loads_the_preloaded_modules() -> None:
     assert not starter._thread.is_alive()
     assert {"smoke", "elementwise"} <= set(driver._modules)
     assert driver.module("smoke") is driver._modules["smoke"]  # the same module, not loaded twice
+
+
+@pytest.mark.gpu
+def test_the_model_runs_on_the_weights_uploaded_early(tmp_path, monkeypatch) -> None:
+    """prestart with the model: the weights go up on the context's thread, the loader takes them, and the answers are
+    those of a load that uploads itself; a model other than the one uploaded early is uploaded as usual."""
+    model = str(tmp_path / "m.gguf")
+    shutil.copy(C.fixture_path("qwen3-tiny-q8_0", ".gguf"), model)
+    prepare.write_cache(model)
+    other = str(tmp_path / "other.gguf")
+    shutil.copy(model, other)
+    prepare.write_cache(other)
+    runs = {}
+    for name, early in (("early", model), ("plain", None), ("another", other)):
+        monkeypatch.setattr(cuda, "_prestarted", None)
+        cuda.prestart("cuda", early)
+        engine = Engine.load(model, backend="cuda", max_seq_len=64)
+        ids = engine.generate("The capital of France is", max_tokens=8)["token_ids"]
+        runs[name] = (engine.cold_start["early_upload"], ids)
+    assert runs["early"][0] is True and runs["plain"][0] is False and runs["another"][0] is False
+    assert runs["early"][1] == runs["plain"][1] == runs["another"][1]

@@ -27,11 +27,11 @@ def kernels_built() -> bool:
     return kernels_built()
 
 
-def prestart(backend: str | None = None) -> None:
+def prestart(backend: str | None = None, model: str | None = None) -> None:
     """Start creating the CUDA context on a thread now, first thing in the process, so that it is ready by the time
-    the imports, the model open and the tokenizer are done (docs/design.md §2). A no-op when the CPU
-    backend is asked for, when no kernels are built or when there is no driver; `Engine.load` picks the started
-    context up."""
+    the imports, the model open and the tokenizer are done (docs/design.md §2); with `model` (a GGUF path known
+    this early), its weights upload on that thread next (upload_early). A no-op when the CPU backend is asked for,
+    when no kernels are built or when there is no driver; `Engine.load` picks the started context up."""
     global _prestarted
     try:
         choice = backend_choice(backend)
@@ -47,6 +47,48 @@ def prestart(backend: str | None = None) -> None:
     except EngineError:  # no driver, or a malformed setting that Engine.load then reports properly
         return
     _prestarted = driver.ContextStarter(device)
+    if model is not None:
+        upload_early(model)
+
+
+MODEL_COMMANDS = ("system1", "generate", "check", "bench", "profile")  # the CLI's commands that load a model
+
+
+def prestart_cli(argv: list[str]) -> None:
+    """prestart for `python -m engine COMMAND MODEL ...`: the commands that load a model, with their --backend, and
+    the model when it comes first after the command (the usual order; otherwise the weights upload as usual)."""
+    if len(argv) < 2 or argv[1] not in MODEL_COMMANDS:
+        return
+    backend = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--backend="):
+            backend = arg.split("=", 1)[1]
+        elif arg == "--backend" and i + 1 < len(argv):
+            backend = argv[i + 1]
+    prestart(backend, argv[2] if len(argv) > 2 and not argv[2].startswith("-") else None)
+
+
+def upload_early(model: str | None) -> None:
+    """Upload the weights of the GGUF at `model` on the prestarted context's thread as soon as the context exists,
+    from the data offset its prepare cache records, while this thread imports and opens the model; load_runner takes
+    the upload when it is of the file it opened (else it is freed and the weights upload as usual). A no-op without
+    a prestarted context, without a model, or with REFLEX_EARLY_UPLOAD=0."""
+    if _prestarted is None or not model or os.environ.get("REFLEX_EARLY_UPLOAD", "1") == "0":
+        return
+    started = _prestarted
+
+    def upload():
+        from engine import gil
+        from engine.cuda import upload as up  # on the thread: its imports overlap the main thread's
+
+        held = gil.hold()  # the main thread runs Python meanwhile: each CUDA call takes the GIL back sooner
+        try:
+            return up.early(model, started.device)
+        finally:
+            if held:
+                gil.release()
+
+    started.upload_early(upload)
 
 
 def take_prestarted():
@@ -81,16 +123,20 @@ def kernel_modules(config, row) -> tuple[str, ...]:
 
 
 def load_runner(config, gf, max_seq: int, context, kv_dtype: str = "f4") -> tuple[object, dict]:
-    """Wait for the context (a driver.ContextStarter), upload the weights, build the architecture's CudaModel with
-    its K/V cache of kv_dtype ("f4" or "f2": engine/cache_type.py).
+    """Wait for the context (a driver.ContextStarter), take its early weight upload or upload the weights, build the
+    architecture's CudaModel with its K/V cache of kv_dtype ("f4" or "f2": engine/cache_type.py).
 
     Returns the runner and the phases measured here (cuda_init_ms, upload statistics, kv cache size)."""
     from engine import archs  # here, not at the top: prestart runs before it is needed (dataclasses, inspect)
 
-    row = archs.get(config.arch)
-    if row.cuda_module is None:
-        raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")
-    _check_kernel_types(gf)
+    try:
+        row = archs.get(config.arch)
+        if row.cuda_module is None:
+            raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")
+        _check_kernel_types(gf)
+    except BaseException:
+        context.discard_upload()
+        raise
     from engine.cuda import k_gemm, memory
     from engine.cuda.runner import CudaRunner
     from engine.cuda.upload import DeviceWeights
@@ -98,9 +144,17 @@ def load_runner(config, gf, max_seq: int, context, kv_dtype: str = "f4") -> tupl
     context.preload(kernel_modules(config, row))
     with Stopwatch() as wait_sw:
         context_ms = context.wait()
-    stream = memory.stream_create()
-    k_gemm.reserve()  # the split-K workspace every model's prefill GEMMs share (before the upload's copies start)
-    weights = DeviceWeights(gf, stream, context.device)
+    with Stopwatch() as early_sw:
+        early = context.take_upload(lambda upload: upload.matches(gf))
+    try:
+        with Stopwatch() as stream_sw:
+            stream = memory.stream_create()
+            k_gemm.reserve()  # the split-K workspace every model's prefill GEMMs share (before the upload's copies)
+        weights = DeviceWeights(gf, stream, context.device, upload=early)
+    except BaseException:
+        if early is not None:
+            early.free()
+        raise
     family = importlib.import_module(f"engine.models.{row.cuda_module}")
     max_batch = env_int("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH, minimum=1)
     with Stopwatch() as build_sw:
@@ -109,6 +163,9 @@ def load_runner(config, gf, max_seq: int, context, kv_dtype: str = "f4") -> tupl
     phases = {
         "cuda_init_ms": context_ms,
         "cuda_init_wait_ms": wait_sw.ms,
+        "early_upload": early is not None,  # the weights went up on the context's thread, during the imports
+        "early_upload_wait_ms": early_sw.ms,
+        "stream_ms": stream_sw.ms,  # the runtime's first calls: a stream and the split-K workspace
         **weights.stats,
         "buffers_ms": build_sw.ms,
         "weights_mib": weights.n_bytes / 2**20,

@@ -87,6 +87,10 @@ def stream_create() -> int:
     return rt_call("cudaStreamCreateWithFlags", runtime().streamCreateWithFlags, 1)  # non-blocking
 
 
+def stream_destroy(stream: int) -> None:
+    rt_call("cudaStreamDestroy", runtime().streamDestroy, stream)
+
+
 def synchronize(stream: int) -> None:
     rt_call("cudaStreamSynchronize", runtime().streamSynchronize, stream)
 

@@ -9,6 +9,10 @@ threads, 256 MiB pieces: 0.80-0.84 s for those 17.7 GB; one thread 0.90-1.11, fo
 a little slower; scripts/upload_bench.py). Where locking fails (some containers) the remaining pieces are copied from
 pageable memory instead (2.0-2.4 s there). Each tensor is then a pointer into the allocation at its offset in the
 file, so quantized blocks reach the kernels exactly as llama.cpp's files store them.
+
+When the model is known at process start (the CLI's argument, the worker's local model) the upload runs on the CUDA
+context's thread as soon as the context exists (`early`, from the data offset the prepare cache records), beside the
+main thread's imports and model open; the loader takes it only if it `matches` the file it opened.
 """
 
 from __future__ import annotations
@@ -35,41 +39,64 @@ CHUNK_BYTES = 256 << 20  # a piece locked and copied at a time (a multiple of th
 DEFAULT_UPLOAD_THREADS = 2  # threads locking pieces; 0: copy from pageable memory, nothing locked
 
 
-class DeviceWeights:
-    """The tensor data section of `gf` on the device: `.ptr(name)`, `.matrix(name)`; upload timings in `.stats`."""
+class Upload:
+    """Bytes [data_offset, end of file) of the file at `path` in one device allocation (`.base`, `.n_bytes`), with
+    the upload's timings in `.stats`. It remembers which file it read (device, inode, size, modification time), so
+    an upload started before the model was opened (`early`) is used only for that same file at that same offset."""
 
-    def __init__(self, gf: GGUFFile, stream: int, device: int = 0):
-        self.gf = gf
+    def __init__(self, path: str, data_offset: int, stream: int, device: int = 0):
+        self.path = path
         self.device = device  # the locking threads make its primary context current
-        start = gf.data_offset
-        self.n_bytes = max(0, gf.size - start)
-        self.base = memory.malloc(self.n_bytes)
+        self.data_offset = data_offset
+        self.base = 0
         self.stats: dict[str, float | bool] = {}
-        with Stopwatch() as sw:
-            self._copy(start, stream)
-        self.stats.update(upload_ms=sw.ms, upload_gb_per_s=self.n_bytes / max(sw.ms, 1e-6) / 1e6)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            self.size = st.st_size
+            self.identity = _identity(st)
+            self.n_bytes = max(0, self.size - data_offset)
+            with Stopwatch() as alloc_sw:
+                self.base = memory.malloc(self.n_bytes)
+            with Stopwatch() as sw:
+                self._copy(fd, stream)
+        except BaseException:
+            self.free()
+            raise
+        finally:
+            os.close(fd)
+        self.stats.update(weights_alloc_ms=alloc_sw.ms, upload_ms=sw.ms,
+                          upload_gb_per_s=self.n_bytes / max(sw.ms, 1e-6) / 1e6)  # fmt: skip
 
-    def _copy(self, start: int, stream: int) -> None:
+    def matches(self, gf: GGUFFile) -> bool:
+        """Whether this upload holds gf's tensor data: the same file (as it is now) from the same offset."""
+        try:
+            now = _identity(os.stat(gf.path))
+        except OSError:
+            return False
+        return (os.path.realpath(gf.path) == os.path.realpath(self.path) and now == self.identity
+                and (gf.data_offset, gf.size) == (self.data_offset, self.size))  # fmt: skip
+
+    def _copy(self, fd: int, stream: int) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        fd = os.open(self.gf.path, os.O_RDONLY)
-        try:
-            addr = libc.mmap(None, self.gf.size, _PROT_READ, _MAP_SHARED, fd, 0)
-        finally:
-            os.close(fd)
+        if self.n_bytes == 0:
+            return
+        addr = libc.mmap(None, self.size, _PROT_READ, _MAP_SHARED, fd, 0)
         if addr in (None, _MAP_FAILED):
-            raise CudaError(f"mmap of {self.gf.path} failed (errno {ctypes.get_errno()})")
+            raise CudaError(f"mmap of {self.path} failed (errno {ctypes.get_errno()})")
         try:
-            self._pipeline(addr, start, stream)
+            self._pipeline(addr, self.data_offset, stream)
         finally:
-            libc.munmap(addr, self.gf.size)
+            libc.munmap(addr, self.size)
 
     def _pipeline(self, addr: int, start: int, stream: int) -> None:
         """Copy file bytes [start, size) at `addr` to the allocation, locking pieces ahead of the copies."""
         first = start - start % _PAGE  # pieces are page-aligned within the mapping
-        pieces = [(a, min(a + CHUNK_BYTES, self.gf.size)) for a in range(first, self.gf.size, CHUNK_BYTES)]
+        piece = piece_bytes()
+        pieces = [(a, min(a + piece, self.size)) for a in range(first, self.size, piece)]
         threads = env_int("REFLEX_UPLOAD_THREADS", DEFAULT_UPLOAD_THREADS)
         refused = threading.Event()  # set at the first failed lock: the pieces after it are not tried
         lock_ms: list[float] = []
@@ -123,6 +150,52 @@ class DeviceWeights:
         self.stats.update(host_register_ms=sum(lock_ms), registered=bool(pieces) and len(lock_ms) == len(pieces),
                           upload_pieces=len(pieces))  # fmt: skip
 
+    def free(self) -> None:
+        if self.base:
+            memory.free(self.base)
+            self.base = 0
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit the context may already be gone
+            self.free()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def piece_bytes() -> int:
+    """Bytes a piece locks and copies at a time: CHUNK_BYTES, or REFLEX_UPLOAD_PIECE_MIB (for comparisons)."""
+    mib = env_int("REFLEX_UPLOAD_PIECE_MIB", 0, minimum=0)
+    return mib << 20 if mib else CHUNK_BYTES
+
+
+def early(path: str, device: int = 0) -> Upload | None:
+    """The tensor data of the model at `path` on the device, uploaded before the model is opened (on the CUDA
+    context's thread, as soon as the context exists: engine/cuda.upload_early), from the data offset its prepare cache
+    records; None without a usable cache. The loader takes it only if it `matches` the opened file."""
+    from engine.prepare import cached_data_span
+
+    span = cached_data_span(path)
+    if span is None:
+        return None
+    stream = memory.stream_create()
+    try:
+        return Upload(path, span[0], stream, device)
+    finally:
+        memory.stream_destroy(stream)
+
+
+class DeviceWeights:
+    """The tensor data section of `gf` on the device: `.ptr(name)`, `.matrix(name)`; upload timings in `.stats`.
+    `upload`: one already made for this file (early), else the section is uploaded here."""
+
+    def __init__(self, gf: GGUFFile, stream: int, device: int = 0, upload: Upload | None = None):
+        self.gf = gf
+        self.upload = upload if upload is not None else Upload(gf.path, gf.data_offset, stream, device)
+        self.base, self.n_bytes = self.upload.base, self.upload.n_bytes
+        self.stats = self.upload.stats
+
     def ptr(self, info: TensorInfo) -> int:
         return self.base + (info.offset - self.gf.data_offset)
 
@@ -143,10 +216,5 @@ class DeviceWeights:
         return self.vector(info) if len(info.ne) == 1 else self.matrix(info)
 
     def free(self) -> None:
-        if self.base:
-            memory.free(self.base)
-            self.base = 0
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit the context may already be gone
-            self.free()
+        self.upload.free()
+        self.base = 0

@@ -158,7 +158,7 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None,
     compiled = compile_bytecode()
     ours: dict[str, dict[str, list[float]]] = {name: {} for name in jobs}
     theirs: dict[str, list[float]] = {}
-    prepared = True
+    prepared = early = True
 
     def fresh(argv: list[str], **kw):
         if drop_cache:
@@ -171,6 +171,7 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None,
             result = cli_result(r.stdout, r.stderr, f"cold {name}")
             phases = {k: v for k, v in result["cold_start"].items() if isinstance(v, float)}
             prepared = prepared and bool(result["cold_start"].get("prepare_cache_used"))
+            early = early and bool(result["cold_start"].get("early_upload"))
             _collect(ours[name], phases, r)
         if peer is not None:
             r = fresh(peer.cold_argv(model, SYSTEM1_PROMPT))
@@ -180,6 +181,7 @@ def cold(model: str, runs: int, backend: str | None, peer=None, meter=None,
     summary = {name: {k: _summary(v) for k, v in phases.items()} for name, phases in ours.items()}
     for record in summary.values():
         record["prepare_cache_used"] = prepared
+        record["early_upload"] = early  # every process's weights went up on the context's thread (engine/cuda)
         record["bytecode_compiled"] = compiled
         record["page_cache"] = "dropped" if drop_cache else "warm"
     if not prepared:

@@ -159,8 +159,26 @@ def _download(env: Mapping[str, str], repo: str, wanted: str | None, revision: s
         raise ModelNotFound(f"MODEL_NAME={repo!r}: download failed: {type(e).__name__}: {e}") from None
 
 
-def resolve(env: Mapping[str, str] = os.environ, baked: str = BAKED_MODEL) -> Resolved | None:
-    """The model to load, or None for the engine's bundled default."""
+def local_path(env: Mapping[str, str] = os.environ, baked: str = BAKED_MODEL) -> str | None:
+    """The file resolve() would pick when it is already on this machine (MODEL_PATH, the image's model, a cache, the
+    bundled default), else None; never downloads and never raises: what the weight upload may start from while the
+    worker still imports (engine/cuda.upload_early; Worker.load resolves for real and reports errors)."""
+    try:
+        resolved = resolve(env, baked, fetch=False)
+        if resolved is not None:
+            return resolved.path
+        if (env.get("MODEL_NAME") or "").strip():
+            return None  # it would be downloaded
+        from engine.bundled import default_model_path
+
+        return default_model_path()
+    except Exception:
+        return None
+
+
+def resolve(env: Mapping[str, str] = os.environ, baked: str = BAKED_MODEL, fetch: bool = True) -> Resolved | None:
+    """The model to load, or None for the engine's bundled default (fetch=False: also None where it would be
+    downloaded)."""
     if env.get("MODEL_PATH"):
         return Resolved(env["MODEL_PATH"], "path")
     repo = (env.get("MODEL_NAME") or "").strip()
@@ -179,7 +197,7 @@ def resolve(env: Mapping[str, str] = os.environ, baked: str = BAKED_MODEL) -> Re
     for source, cache in (("runpod_cache", runpod_cache), ("volume", volume)):
         if path := _in_cache(cache, repo, wanted, revision):
             return Resolved(path, source)
-    return Resolved(_download(env, repo, wanted, revision, volume), "download")
+    return Resolved(_download(env, repo, wanted, revision, volume), "download") if fetch else None
 
 
 def parse_reference(spec: str) -> dict[str, str] | None:

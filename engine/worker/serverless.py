@@ -31,7 +31,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from engine import timing
+from engine import gil, timing
 from engine.worker.stand_in import stand_in
 
 ENV_DEFAULTS = {
@@ -130,27 +130,6 @@ FIRST_JOB = ("engine.worker.jobs:build_system1",)
 LATER = ("engine.worker.jobs:build", "engine.worker.openai_api", "jinja2", "jinja2.sandbox")
 
 
-# The GIL's switch interval while the import thread runs, in ms (REFLEX_IMPORT_SWITCH_MS; "default": Python's 5 ms).
-# The engine loads on the main thread meanwhile, and a CUDA load is hundreds of short ctypes calls (allocations,
-# copies, launches), each of which gives the GIL up; taking it back from a thread that is running Python waits up to
-# the interval. On the H200 (2026-12-01, the queue worker beside the bare engine) the load's buffers phase, nothing
-# but such calls, took 67.6 ms instead of 4.7 with the schema imports beside it. On the 2-core development machine,
-# 300 calls of 0.1 ms beside these imports took 237-253 ms at 5 ms and 111-128 ms at 0.5 ms (alone: ~33 ms).
-IMPORT_SWITCH_MS = 0.5
-
-
-def _import_switch_interval() -> float | None:
-    """The interval (s) to hold while the imports run, or None to leave Python's."""
-    raw = os.environ.get("REFLEX_IMPORT_SWITCH_MS", "").strip()
-    if raw == "default":
-        return None
-    try:
-        ms = float(raw) if raw else IMPORT_SWITCH_MS
-    except ValueError:
-        ms = IMPORT_SWITCH_MS
-    return ms / 1000.0 if 0.0 < ms < 1000.0 else None
-
-
 class RunpodImport:
     """Imports for the worker, off the cold path: `import runpod.serverless` (unless `sdk` is False: the job loop on
     the standard library needs no SDK), then the `preload` items (needed before the first job), then — after
@@ -158,7 +137,7 @@ class RunpodImport:
     first chat job); with `warm_later` those wait for `warm_up()` (the queue worker calls it once its first result is
     posted). An item is a module to import or `module:function`, a function of it to call. With `background` False
     everything needed runs inside `wait()` instead. While the thread runs the needed part, the GIL's switch interval
-    is IMPORT_SWITCH_MS (see there).
+    is short (engine/gil.py: the model loads on the main thread meanwhile).
 
     Phases: `runpod_import_ms` (the SDK import, 0 without it), `preload_ms`, and `runpod_import_wait_ms` (how long
     `wait()` blocked: the part left on the serial path).
@@ -173,12 +152,9 @@ class RunpodImport:
         self.import_ms = self.preload_ms = self.wait_ms = 0.0
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-        self._switch: float | None = None  # Python's interval, to restore when the thread ends
+        self._held = False  # engine/gil.py: a short switch interval, released when the needed part ends
         if background:
-            interval = _import_switch_interval()
-            if interval is not None and interval < sys.getswitchinterval():
-                self._switch = sys.getswitchinterval()
-                sys.setswitchinterval(interval)
+            self._held = gil.hold()
             self._thread = threading.Thread(target=self._run, name="worker-imports", daemon=True)
             self._thread.start()
 
@@ -202,8 +178,8 @@ class RunpodImport:
         try:
             self._needed()
         finally:
-            if self._switch is not None:
-                sys.setswitchinterval(self._switch)
+            if self._held:
+                gil.release()
         if not self.warm_later:
             self._warm()
 
