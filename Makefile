@@ -22,11 +22,15 @@ test: $(VENV)/.installed kernels
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
-# Every kernel for the default arch list (CI proves they compile), and the benchmark variants of bench/*.cu for sm_90;
+# Every kernel for the default arch list (CI proves they compile), the benchmark variants of bench/*.cu and the
+# TCMV_SIDE forms of tc_matvec (scripts/variant.sh) for sm_90, those without a spill;
 # skipped where there is no nvcc.
 kernels:
 	@if command -v nvcc >/dev/null; then ./build_kernels.sh && for f in bench/*.cu; do \
 		nvcc -O3 -std=c++17 -cubin -arch=sm_90 -Ikernels $$f -o $${TMPDIR:-/tmp}/bench-$$(basename $$f .cu).cubin || exit 1; \
+	done && for side in 2 3; do \
+		nvcc -O3 -std=c++17 -cubin -arch=sm_90 -Ikernels -DTCMV_SIDE=$$side -Xptxas -warn-spills,-Werror \
+			kernels/tc_matvec.cu -o $${TMPDIR:-/tmp}/tc_matvec-side$$side.cubin || exit 1; \
 	done; else echo "no nvcc: kernels not built"; fi
 
 lint: $(VENV)/.installed

@@ -14,6 +14,9 @@
 #   longctx    scripts/bench_long_context.py per model named in LONGCTX_MODELS (f32 and f16 K/V caches, decode step
 #              against the context length: 0.6B shape to its 40,959 positions, the hybrid to 65,535)
 #   synccost   scripts/sync_cost.py: a launch boundary (plain, programmatic) against a grid barrier, a stage
+#   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
+#              (COLDAB_VARIANTS, default: base, late upload, modules on first use, 64 MiB pieces), interleaved, with
+#              warm and then dropped page caches
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
 #              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel
 # Usage: STAGES="tests bench" scripts/device_run.sh
@@ -106,6 +109,15 @@ for stage in $STAGES; do
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1], r['step_ms'], 'ms a step')" \
           "$OUT/profile_$m.json"
       done ;;
+    coldab)
+      m=bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
+      [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/coldab.log" 2>&1
+      python3 -m engine prepare "$m" >> "$OUT/coldab.log" 2>&1
+      variants=${COLDAB_VARIANTS:-"--variant base= --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0 --variant pieces64=REFLEX_UPLOAD_PIECE_MIB=64"}
+      timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-7}" $variants \
+        --out "$OUT/cold_ab_warm.json" 2>> "$OUT/coldab.log" | tee "$OUT/cold_ab_warm.md" || stage_exit=$?
+      timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-7}" $variants \
+        --drop-page-cache --out "$OUT/cold_ab_dropped.json" 2>> "$OUT/coldab.log" | tee "$OUT/cold_ab_dropped.md" ;;
     synccost)
       timeout 120 python3 scripts/sync_cost.py > "$OUT/sync_cost.md" 2>&1; stage_exit=$?; cat "$OUT/sync_cost.md" ;;
     ncu)

@@ -6,7 +6,9 @@
 #   scripts/variant.sh make NAME [DEST=SRC ...]   # /tmp/variant/NAME: engine/, tests/, scripts/, kernels/ (sources and
 #                                                 # build) and pyproject.toml copied, then each DEST (a path in the tree)
 #                                                 # replaced by SRC; a replaced kernels/<stem>.cu rebuilds that module,
-#                                                 # a replaced .cuh every module, for sm_$ARCH (default 90)
+#                                                 # a replaced .cuh every module, for sm_$ARCH (default 90),
+#                                                 # with EXTRA_NVCC's flags (e.g. -DTCMV_SIDE=3); a file may
+#                                                 # replace itself (DEST=DEST) to rebuild it with those flags
 #   scripts/variant.sh run NAME CMD ...           # CMD in that copy, with its kernels: give it absolute paths
 #
 # Example: scripts/variant.sh make old kernels/tc_matvec.cu=/tmp/tc_old.cu engine/cuda/k_tc_matvec.py=/tmp/k_tc_old.py
@@ -15,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=/tmp/variant
 cmd="${1:-}"; name="${2:-}"
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,13p' "$0" >&2; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,15p' "$0" >&2; exit 2; }
 V="$ROOT/$name"
 case "$cmd" in
 make)
@@ -27,7 +29,7 @@ make)
   for spec in "$@"; do
     dest="${spec%%=*}"; src="${spec#*=}"
     [ -f "$src" ] || { echo "variant.sh: no file $src" >&2; exit 1; }
-    cp "$src" "$V/$dest"
+    [ "$(realpath "$src")" = "$(realpath "$dest")" ] || cp "$src" "$V/$dest"
     case "$dest" in kernels/*.cu | kernels/*.cuh) changed+=("$(basename "$dest")") ;; esac
   done
   [ ${#changed[@]} -gt 0 ] || exit 0
@@ -39,7 +41,7 @@ make)
     for c in "${changed[@]}"; do [ "$(basename "$cu")" = "$c" ] && hit=1; done
     [ $hit = 1 ] || continue
     stem="$(basename "$cu" .cu)"
-    nvcc -O3 -lineinfo -std=c++17 --fatbin -I"$V/kernels" -gencode="arch=compute_$arch,code=sm_$arch" \
+    nvcc -O3 -lineinfo -std=c++17 --fatbin ${EXTRA_NVCC:-} -I"$V/kernels" -gencode="arch=compute_$arch,code=sm_$arch" \
       -o "$V/kernels/build/$stem.fatbin" "$cu"
     echo "variant.sh: $name: rebuilt $stem (sm_$arch)"
   done
@@ -51,5 +53,5 @@ run)
   PYTHONPATH="/tmp/site:$V" REFLEX_KERNEL_DIR="$V/kernels/build" exec "$@"
   ;;
 *)
-  sed -n '2,13p' "$0" >&2; exit 2 ;;
+  sed -n '2,15p' "$0" >&2; exit 2 ;;
 esac
