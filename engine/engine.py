@@ -41,7 +41,7 @@ def _start_backend(requested: str | None):
     choice = cuda.backend_choice(requested)
     if choice == "cpu":
         return "cpu", None
-    from engine.cuda import driver
+    from engine.cuda import context, driver
 
     started = cuda.take_prestarted()
     if started is not None:
@@ -54,7 +54,7 @@ def _start_backend(requested: str | None):
         if choice == "auto":
             return "cpu", None
         raise
-    return choice, driver.ContextStarter(env_int("REFLEX_DEVICE", 0))
+    return choice, context.ContextStarter(env_int("REFLEX_DEVICE", 0))
 
 
 def _cuda_runner(config: ModelConfig, gf, max_seq: int, context, adapters: list[_lora.Adapter], kv_dtype: str):

@@ -16,7 +16,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from engine import gguf
-from engine.cuda import driver, memory, upload
+from engine.cuda import memory, upload
+from engine.cuda.context import ContextStarter
 
 
 def main(argv: list[str]) -> None:
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> None:
     path, threads, piece_mib = argv[0], int(argv[1]), int(argv[2])
     os.environ["REFLEX_UPLOAD_THREADS"] = str(threads)
     upload.CHUNK_BYTES = piece_mib << 20
-    driver.ContextStarter(0).wait()
+    ContextStarter(0).wait()
     gf = gguf.read(path)
     stream = memory.stream_create()
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The CUDA context thread (engine/cuda/driver.ContextStarter): it creates the context, then loads the kernel modules
+"""The CUDA context thread (engine/cuda/context.ContextStarter): it creates the context, then loads the kernel modules
 the model runs (engine/cuda.kernel_modules) while the main thread uploads the weights."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from engine import archs, cuda, prepare
 from engine.config import ModelConfig, MoE
-from engine.cuda import BASE_MODULES, driver, kernel_modules
+from engine.cuda import BASE_MODULES, context, driver, kernel_modules
 from engine.engine import Engine
 from tests import conformance as C
 
@@ -39,7 +39,7 @@ def test_every_architecture_names_kernel_modules_that_exist() -> None:
 
 @pytest.mark.gpu
 def test_the_context_thread_loads_the_preloaded_modules() -> None:
-    starter = driver.ContextStarter(0)
+    starter = context.ContextStarter(0)
     starter.preload(("smoke", "elementwise"))
     starter.wait()
     starter._thread.join(10)

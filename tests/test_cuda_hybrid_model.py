@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from engine.config import ModelConfig
+from engine.cuda.context import ContextStarter
 from engine.cuda.dispatch import MATVEC_MAX, SMALL_BATCH, use_matvec
 from engine.engine import Engine
 from engine.gguf import read
@@ -172,7 +173,7 @@ def random_tensors(cfg: ModelConfig, keep: tuple[str, ...], w: synthetic.Weights
 
 @pytest.mark.parametrize("variant", sorted(MIXER_INPUTS))
 def test_synthetic_moe_hybrid_matches_numpy(tmp_path, variant):
-    from engine.cuda import driver, load_runner
+    from engine.cuda import load_runner
 
     arch = variant.split("-")[0]
     kv = dict(MOE_KV) | ({"rope.dimension_sections": [2, 2, 0, 0]} if arch == "qwen35moe" else {})
@@ -181,7 +182,7 @@ def test_synthetic_moe_hybrid_matches_numpy(tmp_path, variant):
     path = synthetic.write(tmp_path / f"{variant}.gguf", arch, kv, tensors)
     cpu = synthetic.runner(path, max_seq=256)
     gf = read(path)
-    gpu, _ = load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 256, driver.ContextStarter(0))
+    gpu, _ = load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 256, ContextStarter(0))
     assert gpu.backend == "cuda"
     ids = np.random.default_rng(5).integers(0, 64, size=70).tolist()
     for prefill in (70, 9, 1):  # the grouped-expert GEMM path, small batches, decode
@@ -249,7 +250,7 @@ def test_speed_qwen35_0_8b_shaped(tmp_path):
     path = str(tmp_path / "qwen35-0.8b-shaped-q8_0.gguf")
     matrix_bytes = write_q8_0_model(path, "qwen35", BENCH_KV)
     gf = read(path)
-    runner, phases = load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 2048, driver.ContextStarter(0))
+    runner, phases = load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 2048, ContextStarter(0))
     ids = np.random.default_rng(1).integers(0, 248000, size=512).tolist()
     greedy = SamplingParams.make(0.0)
 

@@ -11,6 +11,7 @@ import pytest
 from engine import models
 from engine.config import ModelConfig
 from engine.cpu.runner import CpuRunner
+from engine.cuda.context import ContextStarter
 from engine.cuda.dispatch import use_matvec
 from engine.gguf import read
 from tests import synthetic
@@ -68,14 +69,14 @@ def write_llama(path: str, type_name: str, seed: int) -> str:
 
 @pytest.mark.parametrize("type_name", TYPES)
 def test_llama_cuda_matches_cpu(tmp_path, type_name):
-    from engine.cuda import driver, load_runner
+    from engine.cuda import load_runner
 
     seed = int(np.random.default_rng().integers(2**31))
     path = write_llama(str(tmp_path / f"llama-{type_name}.gguf"), type_name, seed)
     gf = read(path)
     cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
     cpu = CpuRunner(models.family("llama").CpuModel(cfg, gf), 256)
-    cuda, _ = load_runner(cfg, gf, 256, driver.ContextStarter(0))
+    cuda, _ = load_runner(cfg, gf, 256, ContextStarter(0))
     ids = np.random.default_rng(seed).integers(0, VOCAB, size=80).tolist()
     for prefill in (80, 20, 7, 1):  # GEMM chunk, tc_matvec (quantized types), matvec passes, decode steps
         want = synthetic.logits(cpu, ids, prefill)

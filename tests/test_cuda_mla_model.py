@@ -16,6 +16,7 @@ import pytest
 from engine import models
 from engine.config import ModelConfig
 from engine.cpu.runner import CpuRunner
+from engine.cuda.context import ContextStarter
 from engine.engine import Engine
 from engine.gguf import read
 from engine.quants import GGMLType
@@ -157,11 +158,11 @@ def deepseek2_tensors(o: dict, w: synthetic.Weights) -> dict[str, np.ndarray]:
 
 
 def _runners(path: str, max_seq: int = 256):
-    from engine.cuda import driver, load_runner
+    from engine.cuda import load_runner
 
     gf = read(path)
     cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
-    cuda, _ = load_runner(cfg, gf, max_seq, driver.ContextStarter(0))
+    cuda, _ = load_runner(cfg, gf, max_seq, ContextStarter(0))
     cpu = CpuRunner(models.family(cfg.arch).CpuModel(cfg, gf), max_seq)
     return cfg, cuda, cpu
 
@@ -302,7 +303,7 @@ def test_decode_speed(tmp_path):
     print(f"\ndeepseek2-tiny-q8_0 decode ({driver.device_info()['name']}):", decode_figures(tiny.runner, 100))
     gf = read(write_v2_lite_attention(str(tmp_path / "v2-lite-attention.gguf")))
     cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
-    big, _ = load_runner(cfg, gf, 4200, driver.ContextStarter(0))
+    big, _ = load_runner(cfg, gf, 4200, ContextStarter(0))
     for context in (100, 1000, 4000):
         figures = decode_figures(big, context)
         print("DeepSeek-V2-Lite attention shapes, 4 dense layers, Q8_0 attention:", figures)

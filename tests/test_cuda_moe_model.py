@@ -16,6 +16,7 @@ from engine import models
 from engine.config import ModelConfig
 from engine.cpu.runner import CpuRunner
 from engine.cuda import dispatch
+from engine.cuda.context import ContextStarter
 from engine.engine import Engine
 from engine.gguf import read
 from engine.models import moe as moe_np
@@ -102,11 +103,11 @@ def test_graphs_and_direct_launches_agree():
 
 
 def _runners(path: str, max_seq: int = 256):
-    from engine.cuda import driver, load_runner
+    from engine.cuda import load_runner
 
     gf = read(path)
     cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
-    cuda, _ = load_runner(cfg, gf, max_seq, driver.ContextStarter(0))
+    cuda, _ = load_runner(cfg, gf, max_seq, ContextStarter(0))
     return cfg, cuda, gf
 
 

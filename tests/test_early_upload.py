@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from engine import cuda, gguf, prepare
-from engine.cuda import driver, memory, upload
+from engine.cuda import context, driver, memory, upload
 from engine.errors import CudaError, GGUFError
 from engine.worker import models
 from tests import conformance as C
@@ -128,7 +128,7 @@ def test_an_upload_of_another_file_or_offset_is_not_taken(model, fake, tmp_path)
 def test_jobs_run_in_order_on_the_context_thread_and_preload_is_the_last(fake, monkeypatch):
     loaded: list[str] = []
     monkeypatch.setattr(driver, "module", loaded.append)
-    starter = driver.ContextStarter(5)
+    starter = context.ContextStarter(5)
     order: list[str] = []
     first = starter.submit(lambda: order.append(threading.current_thread().name) or "a")
     starter.upload_early(lambda: order.append("upload") or "b")
@@ -147,7 +147,7 @@ def test_a_failed_context_fails_its_jobs_and_the_loader_uploads_itself(monkeypat
         raise CudaError("cuInit failed: planted")
 
     monkeypatch.setattr(driver, "start_context", refuse)
-    starter = driver.ContextStarter(0)
+    starter = context.ContextStarter(0)
     starter.upload_early(lambda: pytest.fail("ran without a context"))
     with pytest.raises(CudaError, match="planted"):
         starter.wait()
@@ -166,7 +166,7 @@ class Held:
 
 def test_a_refused_upload_is_freed_and_an_accepted_one_is_not(fake):
     for accept, freed in ((True, 0), (False, 1)):
-        starter = driver.ContextStarter(0)
+        starter = context.ContextStarter(0)
         held = Held()
         starter.upload_early(lambda h=held: h)
         got = starter.take_upload(lambda u, a=accept: a)
@@ -177,7 +177,7 @@ def test_a_refused_upload_is_freed_and_an_accepted_one_is_not(fake):
 
 
 def test_abandon_frees_an_upload_nobody_took_and_ends_the_thread(fake):
-    starter = driver.ContextStarter(0)
+    starter = context.ContextStarter(0)
     held = Held()
     gate = threading.Event()
     starter.upload_early(lambda: gate.wait(5) and held)
@@ -188,13 +188,13 @@ def test_abandon_frees_an_upload_nobody_took_and_ends_the_thread(fake):
 
 
 def test_a_failed_early_upload_leaves_the_upload_to_the_loader(fake, caplog):
-    starter = driver.ContextStarter(0)
+    starter = context.ContextStarter(0)
 
     def fail():
         raise CudaError("cudaMalloc failed: planted")
 
     starter.upload_early(fail)
-    with caplog.at_level("INFO", logger="engine.cuda.driver"):
+    with caplog.at_level("INFO", logger="engine.cuda.context"):
         assert starter.take_upload(lambda u: True) is None
     assert "planted" in caplog.text
     starter.abandon()
@@ -203,7 +203,7 @@ def test_a_failed_early_upload_leaves_the_upload_to_the_loader(fake, caplog):
 def test_upload_early_is_a_no_op_without_a_started_context_or_when_switched_off(fake, monkeypatch, model):
     monkeypatch.setattr(cuda, "_prestarted", None)
     cuda.upload_early(model)  # nothing started: nothing happens
-    starter = driver.ContextStarter(0)
+    starter = context.ContextStarter(0)
     monkeypatch.setattr(cuda, "_prestarted", starter)
     monkeypatch.setenv("REFLEX_EARLY_UPLOAD", "0")
     cuda.upload_early(model)
@@ -297,7 +297,7 @@ def test_the_upload_holds_a_short_switch_interval_and_gives_it_back(fake, monkey
     seen = []
     early = upload.early
     monkeypatch.setattr(upload, "early", lambda path, device=0: seen.append(sys.getswitchinterval()) or early(path))
-    starter = driver.ContextStarter(0)
+    starter = context.ContextStarter(0)
     monkeypatch.setattr(cuda, "_prestarted", starter)
     assert gil.hold()  # another holder, released while the upload still holds
     cuda.upload_early(model)

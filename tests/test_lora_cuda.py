@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from engine.config import ModelConfig
+from engine.cuda.context import ContextStarter
 from engine.cuda.dispatch import use_matvec
 from engine.engine import Engine
 from engine.errors import InvalidInput, UnsupportedArchitecture
@@ -223,7 +224,7 @@ def test_cuda_lora_of_synthetic_moe_hybrids_matches_the_cpu_backend(tmp_path, va
     """The fused qwen3next inputs (ssm_in, ssm_ba) and the split ones, and the MoE FFN layers' router, experts and
     shared expert (whose output the router's sigmoid gate scales)."""
     from engine.cpu import lora as cpu_lora
-    from engine.cuda import driver, load_runner
+    from engine.cuda import load_runner
     from engine.cuda import lora as cuda_lora
     from tests.test_cuda_hybrid_model import MIXER_INPUTS, MOE_KV, random_tensors
 
@@ -240,7 +241,7 @@ def test_cuda_lora_of_synthetic_moe_hybrids_matches_the_cpu_backend(tmp_path, va
     cpu_lora.attach(cpu.model, adapters)
     cfg = ModelConfig.from_gguf(gf.metadata, gf.tensors)
     cuda_lora.check_supported(cfg, adapters)
-    gpu, _ = load_runner(cfg, gf, 128, driver.ContextStarter(0))
+    gpu, _ = load_runner(cfg, gf, 128, ContextStarter(0))
     plain = synthetic.logits(gpu, list(range(3, 63)), 60)
     cuda_lora.attach(gpu.model, adapters, gpu.stream)
     ids = np.random.default_rng(11).integers(0, 64, size=60).tolist()

@@ -11,6 +11,7 @@ import pytest
 
 from engine import state
 from engine.config import ModelConfig
+from engine.cuda.context import ContextStarter
 from engine.engine import Engine
 from engine.errors import UnsupportedArchitecture
 from engine.gguf import read
@@ -114,7 +115,7 @@ def _state_header(runner, ids: list[int]) -> dict:
 def test_synthetic_moe_hybrid_states_move_between_backends(tmp_path, variant):
     """qwen35moe / qwen3next files (MoE FFN, grouped V heads, fused ssm_in / ssm_ba; H_k != H_v): a state made on
     either backend resumes on the other, equal to a full prefill."""
-    from engine.cuda import driver, load_runner
+    from engine.cuda import load_runner
 
     arch = variant.split("-")[0]
     kv = dict(MOE_KV) | ({"rope.dimension_sections": [2, 2, 0, 0]} if arch == "qwen35moe" else {})
@@ -123,7 +124,7 @@ def test_synthetic_moe_hybrid_states_move_between_backends(tmp_path, variant):
                                                                                  synthetic.Weights(41)))  # fmt: skip
     cpu = synthetic.runner(path, max_seq=128)
     gf = read(path)
-    gpu, _ = load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 128, driver.ContextStarter(0))
+    gpu, _ = load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 128, ContextStarter(0))
     assert gpu.state_layout == cpu.state_layout == "hybrid-f32/1"
     ids = np.random.default_rng(7).integers(0, 64, size=40).tolist()
     n = 25
@@ -146,14 +147,14 @@ def test_synthetic_moe_hybrid_states_move_between_backends(tmp_path, variant):
 
 
 def test_a_hybrid_whose_value_heads_the_gemm_cannot_transpose_refuses_state_files(tmp_path):
-    from engine.cuda import driver, load_runner
+    from engine.cuda import load_runner
 
     kv = dict(MOE_KV) | {"ssm.inner_size": 64}  # 4 v heads of 16: the F32 GEMM needs multiples of 32
     cfg = ModelConfig.from_gguf({"general.architecture": "qwen3next"} | {f"qwen3next.{k}": v for k, v in kv.items()})
     path = synthetic.write(tmp_path / "dv16.gguf", "qwen3next", kv,
                            random_tensors(cfg, MIXER_INPUTS["qwen3next"], synthetic.Weights(3)))  # fmt: skip
     gf = read(path)
-    gpu, _ = load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 64, driver.ContextStarter(0))
+    gpu, _ = load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 64, ContextStarter(0))
     with pytest.raises(UnsupportedArchitecture, match="state files") as info:
         gpu.state_spec(4)
     assert info.value.kind == "unsupported_architecture"

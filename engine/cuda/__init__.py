@@ -10,7 +10,7 @@ from engine.timing import Stopwatch
 
 DEFAULT_MAX_BATCH = 512  # tokens per prefill launch; longer prompts run in chunks
 
-_prestarted = None  # a driver.ContextStarter started before the heavy imports
+_prestarted = None  # a context.ContextStarter started before the heavy imports
 
 
 def backend_choice(requested: str | None = None) -> str:
@@ -39,14 +39,14 @@ def prestart(backend: str | None = None, model: str | None = None) -> None:
         return
     if _prestarted is not None or choice == "cpu" or not kernels_built():
         return
-    from engine.cuda import driver
+    from engine.cuda import context, driver
 
     try:
         driver.libcuda()
         device = env_int("REFLEX_DEVICE", 0)
     except EngineError:  # no driver, or a malformed setting that Engine.load then reports properly
         return
-    _prestarted = driver.ContextStarter(device)
+    _prestarted = context.ContextStarter(device)
     if model is not None:
         upload_early(model)
 
@@ -123,7 +123,7 @@ def kernel_modules(config, row) -> tuple[str, ...]:
 
 
 def load_runner(config, gf, max_seq: int, context, kv_dtype: str = "f4") -> tuple[object, dict]:
-    """Wait for the context (a driver.ContextStarter), take its early weight upload or upload the weights, build the
+    """Wait for the context (a context.ContextStarter), take its early weight upload or upload the weights, build the
     architecture's CudaModel with its K/V cache of kv_dtype ("f4" or "f2": engine/cache_type.py).
 
     Returns the runner and the phases measured here (cuda_init_ms, upload statistics, kv cache size)."""

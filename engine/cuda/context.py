@@ -1,0 +1,166 @@
+"""The CUDA context's thread: the primary context is created on it first thing in the process (engine/cuda.prestart),
+then it runs the jobs handed to it, in order: the weight upload of a model known that early (engine/cuda.upload_early)
+and the kernel modules the model runs (preload), so that they overlap the main thread's imports, model open and
+buffer set-up.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from engine.cuda import driver
+from engine.errors import CudaError
+
+
+class Job:
+    """A function to run on the context's thread, and its outcome (`result()` waits for it and raises its error). No
+    concurrent.futures here: this module is imported before the heavy imports (prestart), and that one brings
+    logging and re with it."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.value = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as e:  # the job's owner decides what it means
+            self.error = e
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._done.set()
+
+    def result(self):
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class ContextStarter:
+    """Creates the primary context of `device` on a background thread; `wait()` returns its start-up time. Once the
+    context exists the thread runs the jobs handed to it, in order: the weight upload when the model is known early
+    (`upload_early`), then the kernel modules named by `preload()` (the model's, known after
+    the GGUF is open), so that both overlap the main thread's imports, model open and buffer set-up."""
+
+    def __init__(self, device: int = 0):
+        self.device = device
+        self.error: BaseException | None = None
+        self.ms = 0.0
+        self._started = threading.Event()
+        self._jobs: list[Job] = []  # run in order on the thread once the context exists
+        self._more = threading.Condition()
+        self._closed = False  # preload() was the last job: later submits run nothing
+        self._upload: Job | None = None  # the early weight upload, until load_runner takes it
+        self._thread = threading.Thread(target=self._run, name="cuda-context", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from engine.timing import Stopwatch
+
+        try:
+            with Stopwatch() as sw:
+                driver.start_context(self.device)
+            self.ms = sw.ms
+        except BaseException as e:  # handed to the waiting thread, and to every job
+            self.error = e
+            self._close(fail=e)
+            return
+        finally:
+            self._started.set()
+        while True:
+            with self._more:
+                while not self._jobs and not self._closed:
+                    self._more.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.pop(0)
+            job.run()
+
+    def _close(self, fail: BaseException | None = None) -> None:
+        with self._more:
+            self._closed = True
+            pending = self._jobs if fail is not None else []
+            if fail is not None:
+                self._jobs = []
+            self._more.notify()
+        for job in pending:
+            job.fail(fail)
+
+    def submit(self, fn) -> Job:
+        """Run fn() on the context's thread once the context exists (after the jobs before it). After preload() (or
+        a failed context) nothing more runs: the job fails at once."""
+        job = Job(fn)
+        with self._more:
+            if not self._closed:
+                self._jobs.append(job)
+                self._more.notify()
+                return job
+        job.fail(self.error or CudaError("the CUDA context's thread takes no more work"))
+        return job
+
+    def upload_early(self, fn) -> None:
+        """Start the weight upload fn() (engine/cuda/upload.early) on the thread; load_runner takes it (take_upload)."""
+        if self._upload is None:
+            self._upload = self.submit(fn)
+
+    def take_upload(self, accept) -> object | None:
+        """The early upload if there was one, it succeeded and accept(upload) holds, else None (a refused upload is
+        freed here). Waits for it to finish."""
+        job, self._upload = self._upload, None
+        if job is None:
+            return None
+        try:
+            upload = job.result()
+        except Exception as e:  # the loader uploads in the usual way, and meets the same error there if it persists
+            _log().info("the early weight upload failed (%s): uploading now", e)
+            return None
+        if upload is not None and not accept(upload):
+            _log().info("the early weight upload was of another file or offset: uploading now")
+            upload.free()
+            return None
+        return upload
+
+    def discard_upload(self) -> None:
+        """Free an early upload nobody took (the model's checks refused the CUDA path)."""
+        self.take_upload(lambda upload: False)
+
+    def abandon(self) -> None:
+        """The model will not load on this context (an error, or the CPU backend instead): the thread takes no more
+        work and ends, and an early upload nobody took is freed."""
+        self._close()
+        self.discard_upload()
+
+    def preload(self, names: tuple[str, ...]) -> None:
+        """Load these kernel modules on the context's thread after its other jobs (REFLEX_MODULE_PRELOAD=0: on first
+        use instead); the thread takes nothing more."""
+        if os.environ.get("REFLEX_MODULE_PRELOAD", "1") != "0":
+            self.submit(lambda: _load_modules(names))
+        self._close()
+
+    def wait(self) -> float:
+        self._started.wait()
+        if self.error is not None:
+            raise self.error
+        # The runtime binds to the primary context the thread created; this thread must make it current too.
+        driver.start_context(self.device)
+        return self.ms
+
+
+def _log():
+    import logging  # here: this module is imported before the heavy imports
+
+    return logging.getLogger(__name__)
+
+
+def _load_modules(names: tuple[str, ...]) -> None:
+    for name in names:
+        try:
+            driver.module(name)
+        except CudaError:  # raised again where the module is first used
+            return
