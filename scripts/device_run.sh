@@ -14,9 +14,11 @@
 #   longctx    scripts/bench_long_context.py per model named in LONGCTX_MODELS (f32 and f16 K/V caches, decode step
 #              against the context length: 0.6B shape to its 40,959 positions, the hybrid to 65,535)
 #   synccost   scripts/sync_cost.py: a launch boundary (plain, programmatic) against a grid barrier, a stage
+#   release    the release kernel build (LINEINFO=0, as the image) into $RELEASE_DIR (/tmp/build-release), then
+#              scripts/module_load_bench.py: cuModuleLoad per module, development build against release
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
-#              (COLDAB_VARIANTS, default: base, late upload, modules on first use, 64 MiB pieces), interleaved, with
-#              warm and then dropped page caches
+#              (COLDAB_VARIANTS, default: base, release kernels if built, late upload, modules on first use, 64 MiB
+#              pieces), interleaved, with warm and then dropped page caches
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
 #              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel
 # Usage: STAGES="tests bench" scripts/device_run.sh
@@ -109,11 +111,18 @@ for stage in $STAGES; do
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1], r['step_ms'], 'ms a step')" \
           "$OUT/profile_$m.json"
       done ;;
+    release)
+      R="${RELEASE_DIR:-/tmp/build-release}"
+      [ -f "$R/manifest.json" ] || CUDA_ARCHS=90 LINEINFO=0 KERNEL_BUILD_DIR="$R" KERNEL_CACHE_DIR= ./build_kernels.sh \
+        > "$OUT/release_build.log" 2>&1 || { tail -20 "$OUT/release_build.log"; stage_exit=1; }
+      timeout 200 python3 scripts/module_load_bench.py kernels/build "$R" --rounds 5 2>&1 | tee "$OUT/module_load.md" ;;
     coldab)
       m=bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/coldab.log" 2>&1
       python3 -m engine prepare "$m" >> "$OUT/coldab.log" 2>&1
-      variants=${COLDAB_VARIANTS:-"--variant base= --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0 --variant pieces64=REFLEX_UPLOAD_PIECE_MIB=64"}
+      R="${RELEASE_DIR:-/tmp/build-release}"
+      rel=""; [ -f "$R/manifest.json" ] && rel="--variant release=REFLEX_KERNEL_DIR=$R"
+      variants=${COLDAB_VARIANTS:-"--variant base= $rel --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0 --variant pieces64=REFLEX_UPLOAD_PIECE_MIB=64"}
       timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-7}" $variants \
         --out "$OUT/cold_ab_warm.json" 2>> "$OUT/coldab.log" | tee "$OUT/cold_ab_warm.md" || stage_exit=$?
       timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-7}" $variants \

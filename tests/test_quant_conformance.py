@@ -123,12 +123,22 @@ def test_cuda_backend_matches_exact_math(case):
 
 
 class _NoContext:
-    """A CUDA context that must not be needed: the refusal comes before the wait for it and any upload."""
+    """A CUDA context that must not be needed: the refusal comes before the wait for it and any upload; an early
+    weight upload it may hold is freed (discard_upload), and a load that gives CUDA up lets its thread go (abandon)."""
 
     device = 0
 
+    def __init__(self):
+        self.discarded = self.abandoned = 0
+
     def wait(self) -> float:
         raise AssertionError("load_runner waited for the CUDA context of a file it must refuse")
+
+    def discard_upload(self) -> None:
+        self.discarded += 1
+
+    def abandon(self) -> None:
+        self.abandoned += 1
 
 
 def q8_k_file(tmp_path) -> str:
@@ -157,21 +167,25 @@ def test_cuda_load_refuses_types_without_kernels(tmp_path):
     gf = read(q8_k_file(tmp_path))
     config = ModelConfig.from_gguf(gf.metadata, gf.tensors)
     match = "tensor 'token_embd.weight' has type Q8_K, which the CUDA kernels do not compute"
+    context = _NoContext()
     with pytest.raises(UnsupportedArchitecture, match=match):
-        load_runner(config, gf, 64, _NoContext())
+        load_runner(config, gf, 64, context)
+    assert context.discarded == 1  # an early upload of this file would be freed, not leaked
 
 
 @pytest.mark.parametrize("backend", ["auto", "cuda"])
 def test_auto_falls_back_to_cpu_and_cuda_fails(monkeypatch, caplog, tmp_path, backend):
     """As on a GPU machine: the backend choice yields a context, the CUDA load refuses the file."""
-    monkeypatch.setattr(engine_module, "_start_backend", lambda requested: (backend, _NoContext()))
+    context = _NoContext()
+    monkeypatch.setattr(engine_module, "_start_backend", lambda requested: (backend, context))
     path = q8_k_file(tmp_path)
     if backend == "cuda":
         with pytest.raises(UnsupportedArchitecture, match="type Q8_K, which the CUDA kernels do not compute"):
             Engine.load(path, backend="cuda", max_seq_len=64)
+        assert context.abandoned == 1
         return
     with caplog.at_level(logging.WARNING):
         engine = Engine.load(path, backend="auto", max_seq_len=64)
-    assert engine.backend == "cpu"
+    assert engine.backend == "cpu" and context.abandoned == 1
     assert "CUDA kernels do not compute" in caplog.text
     assert np.isfinite(engine.logits(engine.tokenizer.encode("The capital of France is"))).all()
