@@ -18,18 +18,21 @@ import os
 import sys
 
 from engine import timing  # first: the cold-start clock
-from engine.cuda import prestart
+from engine.cuda import prestart, upload_early
+
+
+def _local_model() -> str | None:
+    from engine.worker.models import local_path  # on the context's thread: its imports cost this one nothing
+
+    return local_path()
+
 
 prestart()  # the CUDA context is created on a thread while the rest imports and the model opens, as the CLI does
+upload_early(_local_model)  # then, on that thread, the weights of a model already on this machine
 
 from engine.worker import serverless  # noqa: E402  (then the SDK import thread, which needs nothing else)
 
 serverless.configure_environment()
-# The weights upload on the context's thread as soon as it exists, when the model is already on this machine.
-from engine.cuda import upload_early  # noqa: E402
-from engine.worker.models import local_path  # noqa: E402
-
-upload_early(local_path())
 # A load-balancing endpoint (PORT, and no job queue to take from): its own HTTP server, no SDK.
 if __name__ == "__main__" and os.environ.get("PORT") and not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"):
     from engine.worker import http

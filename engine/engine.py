@@ -39,11 +39,13 @@ def _start_backend(requested: str | None):
     from engine import cuda
 
     choice = cuda.backend_choice(requested)
+    started = cuda.take_prestarted()
     if choice == "cpu":
+        if started is not None:  # started before the choice was known: its thread ends, its upload is freed
+            started.abandon()
         return "cpu", None
     from engine.cuda import context, driver
 
-    started = cuda.take_prestarted()
     if started is not None:
         return choice, started
     if choice == "auto" and not cuda.kernels_built():

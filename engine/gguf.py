@@ -96,6 +96,7 @@ class GGUFFile:
         self.path = os.fspath(path)
         self.mm = mm
         self.size = len(mm)
+        self.identity: tuple | None = None  # file_identity of the file opened, where the opener records it
         self.version = version
         self.metadata = metadata
         self.tensors: dict[str, TensorInfo] = tensors if tensors is not None else {}
@@ -120,18 +121,26 @@ class GGUFFile:
         return memoryview(self.mm)[: self.data_offset]
 
 
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """Which file, in which state: device, inode, size, modification and change times (GGUFFile.identity; the CUDA
+    upload compares it with the file it read)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def read(path: str | os.PathLike) -> GGUFFile:
     """Open and parse a GGUF file. Raises GGUFError on anything malformed."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 24:
-                raise GGUFError(f"{path}: file is {size} bytes, too short for a GGUF header (24 bytes)")
+            st = os.fstat(f.fileno())
+            if st.st_size < 24:
+                raise GGUFError(f"{path}: file is {st.st_size} bytes, too short for a GGUF header (24 bytes)")
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:
         raise GGUFError(f"{path}: cannot open: {e.strerror or e}") from e
-    return _Parser(path, mm).parse()
+    gf = _Parser(path, mm).parse()
+    gf.identity = file_identity(st)
+    return gf
 
 
 class _Parser:

@@ -189,7 +189,8 @@ def _from_cache(model_path: str, cpath: str) -> OpenedModel | None:
     n_json, body, digest = _read_cache(cpath)
     early = _tentative_json(body[:n_json])
     with open(model_path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        size = st.st_size
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     early_offset, model = early.get("data_offset"), early.get("model")
     ahead = (type(early_offset) is int and 0 < early_offset <= min(size, MAX_SECTION) and isinstance(model, dict)
@@ -227,6 +228,7 @@ def _from_cache(model_path: str, cpath: str) -> OpenedModel | None:
             log.info("ignoring the cache of %s: it was built for another file (%s differ)", model_path, what)
             return None
     gf = gguf.GGUFFile(model_path, mm, header["version"], header["metadata"], None, data_offset, header["alignment"])
+    gf.identity = gguf.file_identity(st)
     gf.tensors = {
         name: gguf.TensorInfo(name, GGMLType(type_id), tuple(ne), offset, n_bytes, gf)
         for name, type_id, ne, offset, n_bytes in header["tensors"]

@@ -123,19 +123,16 @@ def test_cuda_backend_matches_exact_math(case):
 
 
 class _NoContext:
-    """A CUDA context that must not be needed: the refusal comes before the wait for it and any upload; an early
-    weight upload it may hold is freed (discard_upload), and a load that gives CUDA up lets its thread go (abandon)."""
+    """A CUDA context that must not be needed: the refusal comes before the wait for it and any upload; a load that
+    gives CUDA up lets it go (abandon: its thread ends, an early weight upload it holds is freed)."""
 
     device = 0
 
     def __init__(self):
-        self.discarded = self.abandoned = 0
+        self.abandoned = 0
 
     def wait(self) -> float:
         raise AssertionError("load_runner waited for the CUDA context of a file it must refuse")
-
-    def discard_upload(self) -> None:
-        self.discarded += 1
 
     def abandon(self) -> None:
         self.abandoned += 1
@@ -170,7 +167,7 @@ def test_cuda_load_refuses_types_without_kernels(tmp_path):
     context = _NoContext()
     with pytest.raises(UnsupportedArchitecture, match=match):
         load_runner(config, gf, 64, context)
-    assert context.discarded == 1  # an early upload of this file would be freed, not leaked
+    assert context.abandoned == 1  # an early upload of this file would be freed, not leaked
 
 
 @pytest.mark.parametrize("backend", ["auto", "cuda"])
@@ -182,10 +179,10 @@ def test_auto_falls_back_to_cpu_and_cuda_fails(monkeypatch, caplog, tmp_path, ba
     if backend == "cuda":
         with pytest.raises(UnsupportedArchitecture, match="type Q8_K, which the CUDA kernels do not compute"):
             Engine.load(path, backend="cuda", max_seq_len=64)
-        assert context.abandoned == 1
+        assert context.abandoned >= 1
         return
     with caplog.at_level(logging.WARNING):
         engine = Engine.load(path, backend="auto", max_seq_len=64)
-    assert engine.backend == "cpu" and context.abandoned == 1
+    assert engine.backend == "cpu" and context.abandoned >= 1
     assert "CUDA kernels do not compute" in caplog.text
     assert np.isfinite(engine.logits(engine.tokenizer.encode("The capital of France is"))).all()

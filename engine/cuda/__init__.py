@@ -56,7 +56,8 @@ MODEL_COMMANDS = ("system1", "generate", "check", "bench", "profile")  # the CLI
 
 def prestart_cli(argv: list[str]) -> None:
     """prestart for `python -m engine COMMAND MODEL ...`: the commands that load a model, with their --backend, and
-    the model when it comes first after the command (the usual order; otherwise the weights upload as usual)."""
+    the model when it comes first after the command (the usual order; otherwise the weights upload as usual). Not
+    for bench, which reads the idle power and free memory before it loads anything."""
     if len(argv) < 2 or argv[1] not in MODEL_COMMANDS:
         return
     backend = None
@@ -65,30 +66,35 @@ def prestart_cli(argv: list[str]) -> None:
             backend = arg.split("=", 1)[1]
         elif arg == "--backend" and i + 1 < len(argv):
             backend = argv[i + 1]
-    prestart(backend, argv[2] if len(argv) > 2 and not argv[2].startswith("-") else None)
+    early = len(argv) > 2 and not argv[2].startswith("-") and argv[1] != "bench"
+    prestart(backend, argv[2] if early else None)
 
 
-def upload_early(model: str | None) -> None:
-    """Upload the weights of the GGUF at `model` on the prestarted context's thread as soon as the context exists,
-    from the data offset its prepare cache records, while this thread imports and opens the model; load_runner takes
-    the upload when it is of the file it opened (else it is freed and the weights upload as usual). A no-op without
-    a prestarted context, without a model, or with REFLEX_EARLY_UPLOAD=0."""
+def upload_early(model) -> None:
+    """Upload the weights of the GGUF at `model` (a path, or a function the context's thread calls for one: None for
+    nothing) on the prestarted context's thread as soon as the context exists, from the data offset its prepare cache
+    records, while this thread imports and opens the model, then load the kernel modules every model runs;
+    load_runner takes the upload when it is of the file it opened (else it is freed and the weights upload as
+    usual). A no-op without a prestarted context, without a model, or with REFLEX_EARLY_UPLOAD=0."""
     if _prestarted is None or not model or os.environ.get("REFLEX_EARLY_UPLOAD", "1") == "0":
         return
     started = _prestarted
 
-    def upload():
+    def upload(cancel):
         from engine import gil
         from engine.cuda import upload as up  # on the thread: its imports overlap the main thread's
 
+        path = model() if callable(model) else model
+        if not path:
+            return None
         held = gil.hold()  # the main thread runs Python meanwhile: each CUDA call takes the GIL back sooner
         try:
-            return up.early(model, started.device)
+            return up.early(path, started.device, cancel)
         finally:
             if held:
                 gil.release()
 
-    started.upload_early(upload)
+    started.upload_early(upload, then=BASE_MODULES)
 
 
 def take_prestarted():
@@ -135,7 +141,7 @@ def load_runner(config, gf, max_seq: int, context, kv_dtype: str = "f4") -> tupl
             raise UnsupportedArchitecture(f"{config.arch}: this architecture has no CUDA path yet")
         _check_kernel_types(gf)
     except BaseException:
-        context.discard_upload()
+        context.abandon()  # an early upload of this file is freed
         raise
     from engine.cuda import k_gemm, memory
     from engine.cuda.runner import CudaRunner
@@ -155,11 +161,18 @@ def load_runner(config, gf, max_seq: int, context, kv_dtype: str = "f4") -> tupl
         if early is not None:
             early.free()
         raise
-    family = importlib.import_module(f"engine.models.{row.cuda_module}")
-    max_batch = env_int("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH, minimum=1)
-    with Stopwatch() as build_sw:
-        model = family.CudaModel(config, weights, max_seq, max_batch, kv_dtype)
-        runner = CudaRunner(model, stream, context.device)
+    try:
+        family = importlib.import_module(f"engine.models.{row.cuda_module}")
+        max_batch = env_int("REFLEX_MAX_BATCH", DEFAULT_MAX_BATCH, minimum=1)
+        with Stopwatch() as build_sw:
+            model = family.CudaModel(config, weights, max_seq, max_batch, kv_dtype)
+            runner = CudaRunner(model, stream, context.device)
+        # The buffers' fills (ticket counters, zeroed states) ran on the legacy stream, which the runner's
+        # non-blocking stream does not wait for.
+        memory.synchronize(0)
+    except BaseException:
+        weights.free()  # not left to a traceback that a failed worker keeps
+        raise
     phases = {
         "cuda_init_ms": context_ms,
         "cuda_init_wait_ms": wait_sw.ms,

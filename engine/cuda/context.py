@@ -42,11 +42,82 @@ class Job:
         return self.value
 
 
+class EarlyUpload:
+    """The weight upload a ContextStarter runs before the model is opened (fn(cancel) -> an engine/cuda/upload.Upload
+    or None), and who owns it: the loader that takes it (take), or, when the load goes another way (drop), whoever
+    sees it last frees it: the context's thread when the upload is still running then, the dropping thread when it is
+    done. Exactly one of them does (the claim is made under one lock), and an upload still running stops at its next
+    piece (cancel)."""
+
+    def __init__(self, starter: ContextStarter, fn):
+        self.starter = starter
+        self.cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._result = None  # the finished upload, until claimed
+        self._claimed = False  # taken by the loader, or freed
+        self._dropped = False
+        self.job = starter.submit(lambda: self._run(fn))
+
+    def _run(self, fn):
+        upload = fn(self.cancel)
+        with self._lock:
+            free = upload is not None and self._dropped and not self._claimed
+            self._claimed = self._claimed or free
+            if not free:
+                self._result = upload
+        if free:
+            _free(upload)
+            return None
+        return upload
+
+    def take(self, accept) -> object | None:
+        """The upload if it succeeded, nobody dropped it and accept(upload) holds, else None (a refused upload is
+        freed here). Waits for it to finish; the caller has the context current."""
+        try:
+            self.job.result()
+        except Exception as e:  # the loader uploads in the usual way, and meets the same error there if it persists
+            _log().info("the early weight upload failed (%s): uploading now", e)
+            return None
+        with self._lock:
+            upload, self._result = self._result, None
+            if upload is None or self._claimed:
+                return None
+            self._claimed = True
+        if accept(upload):
+            return upload
+        _log().info("the early weight upload was of another file or offset: uploading now")
+        _free(upload)
+        return None
+
+    def drop(self) -> None:
+        """Nobody will take the upload: stop it, and free it here if it is done (else the thread does). Never raises
+        and never waits for the upload."""
+        self.cancel.set()
+        with self._lock:
+            self._dropped = True
+            upload, self._result = (None, None) if self._claimed else (self._result, None)
+            self._claimed = self._claimed or upload is not None
+        if upload is not None:
+            try:
+                driver.start_context(self.starter.device)  # this thread may not have made it current yet
+            except Exception as e:  # no context: nothing of it to free either
+                _log().info("the early weight upload is left to the process's end: %s", e)
+                return
+            _free(upload)
+
+
+def _free(upload) -> None:
+    try:
+        upload.free()
+    except Exception as e:  # a free that fails leaves the memory to the process's end, and the load goes on
+        _log().warning("freeing the early weight upload failed: %s", e)
+
+
 class ContextStarter:
     """Creates the primary context of `device` on a background thread; `wait()` returns its start-up time. Once the
     context exists the thread runs the jobs handed to it, in order: the weight upload when the model is known early
-    (`upload_early`), then the kernel modules named by `preload()` (the model's, known after
-    the GGUF is open), so that both overlap the main thread's imports, model open and buffer set-up."""
+    (`upload_early`), then the kernel modules named by `preload()` (the model's, known after the GGUF is open), so
+    that both overlap the main thread's imports, model open and buffer set-up."""
 
     def __init__(self, device: int = 0):
         self.device = device
@@ -56,7 +127,7 @@ class ContextStarter:
         self._jobs: list[Job] = []  # run in order on the thread once the context exists
         self._more = threading.Condition()
         self._closed = False  # preload() was the last job: later submits run nothing
-        self._upload: Job | None = None  # the early weight upload, until load_runner takes it
+        self._upload: EarlyUpload | None = None  # the early weight upload, until load_runner takes it
         self._thread = threading.Thread(target=self._run, name="cuda-context", daemon=True)
         self._thread.start()
 
@@ -104,37 +175,28 @@ class ContextStarter:
         job.fail(self.error or CudaError("the CUDA context's thread takes no more work"))
         return job
 
-    def upload_early(self, fn) -> None:
-        """Start the weight upload fn() (engine/cuda/upload.early) on the thread; load_runner takes it (take_upload)."""
+    def upload_early(self, fn, then: tuple[str, ...] = ()) -> None:
+        """Start the weight upload fn(cancel) (engine/cuda/upload.early) on the thread, then load the kernel modules
+        `then` (those every model runs); load_runner takes the upload (take_upload)."""
         if self._upload is None:
-            self._upload = self.submit(fn)
+            self._upload = EarlyUpload(self, fn)
+            if then and os.environ.get("REFLEX_MODULE_PRELOAD", "1") != "0":
+                self.submit(lambda: _load_modules(then))
 
     def take_upload(self, accept) -> object | None:
         """The early upload if there was one, it succeeded and accept(upload) holds, else None (a refused upload is
-        freed here). Waits for it to finish."""
-        job, self._upload = self._upload, None
-        if job is None:
-            return None
-        try:
-            upload = job.result()
-        except Exception as e:  # the loader uploads in the usual way, and meets the same error there if it persists
-            _log().info("the early weight upload failed (%s): uploading now", e)
-            return None
-        if upload is not None and not accept(upload):
-            _log().info("the early weight upload was of another file or offset: uploading now")
-            upload.free()
-            return None
-        return upload
-
-    def discard_upload(self) -> None:
-        """Free an early upload nobody took (the model's checks refused the CUDA path)."""
-        self.take_upload(lambda upload: False)
+        freed). Waits for it to finish."""
+        early, self._upload = self._upload, None
+        return early.take(accept) if early is not None else None
 
     def abandon(self) -> None:
         """The model will not load on this context (an error, or the CPU backend instead): the thread takes no more
-        work and ends, and an early upload nobody took is freed."""
+        work, and an early upload nobody took stops and is freed (by whichever thread sees it last). Never raises and
+        never waits for the upload."""
         self._close()
-        self.discard_upload()
+        early, self._upload = self._upload, None
+        if early is not None:
+            early.drop()
 
     def preload(self, names: tuple[str, ...]) -> None:
         """Load these kernel modules on the context's thread after its other jobs (REFLEX_MODULE_PRELOAD=0: on first

@@ -24,8 +24,9 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from engine import gguf
 from engine.cuda import driver, memory
-from engine.errors import CudaError, env_int
+from engine.errors import CudaError, GGUFError, env_int
 from engine.gguf import GGUFFile, TensorInfo
 from engine.quants import BLOCK_SIZES
 from engine.timing import Stopwatch
@@ -44,17 +45,19 @@ class Upload:
     the upload's timings in `.stats`. It remembers which file it read (device, inode, size, modification time), so
     an upload started before the model was opened (`early`) is used only for that same file at that same offset."""
 
-    def __init__(self, path: str, data_offset: int, stream: int, device: int = 0):
+    def __init__(self, path: str, data_offset: int, stream: int, device: int = 0,
+                 cancel: threading.Event | None = None):  # fmt: skip
         self.path = path
         self.device = device  # the locking threads make its primary context current
         self.data_offset = data_offset
+        self.cancel = cancel  # set: stop before the next piece (Cancelled), freeing what was allocated
         self.base = 0
         self.stats: dict[str, float | bool] = {}
         fd = os.open(path, os.O_RDONLY)
         try:
             st = os.fstat(fd)
             self.size = st.st_size
-            self.identity = _identity(st)
+            self.identity = gguf.file_identity(st)
             self.n_bytes = max(0, self.size - data_offset)
             with Stopwatch() as alloc_sw:
                 self.base = memory.malloc(self.n_bytes)
@@ -69,13 +72,10 @@ class Upload:
                           upload_gb_per_s=self.n_bytes / max(sw.ms, 1e-6) / 1e6)  # fmt: skip
 
     def matches(self, gf: GGUFFile) -> bool:
-        """Whether this upload holds gf's tensor data: the same file (as it is now) from the same offset."""
-        try:
-            now = _identity(os.stat(gf.path))
-        except OSError:
-            return False
-        return (os.path.realpath(gf.path) == os.path.realpath(self.path) and now == self.identity
-                and (gf.data_offset, gf.size) == (self.data_offset, self.size))  # fmt: skip
+        """Whether this upload holds gf's tensor data: read from the file gf was opened from, unchanged since (device,
+        inode, size, modification and change times), from the same offset."""
+        identity = getattr(gf, "identity", None)
+        return identity is not None and identity == self.identity and gf.data_offset == self.data_offset
 
     def _copy(self, fd: int, stream: int) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -129,6 +129,8 @@ class Upload:
         done = False
         try:
             for i, (a, b) in enumerate(pieces):
+                if self.cancel is not None and self.cancel.is_set():
+                    raise Cancelled(f"the upload of {self.path} was cancelled")
                 is_locked = bool(locks) and locks[i].result()  # locked, or refused: either way the piece can go
                 lo = max(a, start)
                 memory.memcpy_async(self.base + (lo - start), addr + lo, b - lo, memory.H2D, stream)
@@ -160,8 +162,8 @@ class Upload:
             self.free()
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+class Cancelled(CudaError):
+    """An early upload stopped because nobody will take it (engine/cuda/context.EarlyUpload.drop)."""
 
 
 def piece_bytes() -> int:
@@ -170,7 +172,7 @@ def piece_bytes() -> int:
     return mib << 20 if mib else CHUNK_BYTES
 
 
-def early(path: str, device: int = 0) -> Upload | None:
+def early(path: str, device: int = 0, cancel: threading.Event | None = None) -> Upload | None:
     """The tensor data of the model at `path` on the device, uploaded before the model is opened (on the CUDA
     context's thread, as soon as the context exists: engine/cuda.upload_early), from the data offset its prepare cache
     records; None without a usable cache. The loader takes it only if it `matches` the opened file."""
@@ -181,7 +183,7 @@ def early(path: str, device: int = 0) -> Upload | None:
         return None
     stream = memory.stream_create()
     try:
-        return Upload(path, span[0], stream, device)
+        return Upload(path, span[0], stream, device, cancel)
     finally:
         memory.stream_destroy(stream)
 
@@ -193,6 +195,10 @@ class DeviceWeights:
     def __init__(self, gf: GGUFFile, stream: int, device: int = 0, upload: Upload | None = None):
         self.gf = gf
         self.upload = upload if upload is not None else Upload(gf.path, gf.data_offset, stream, device)
+        opened = getattr(gf, "identity", None)
+        if opened is not None and opened != self.upload.identity:  # gf's tensor table may not describe these bytes
+            self.upload.free()
+            raise GGUFError(f"{gf.path} changed between its open and its upload: load it again")
         self.base, self.n_bytes = self.upload.base, self.upload.n_bytes
         self.stats = self.upload.stats
 

@@ -118,6 +118,11 @@ class Worker:
             worker.boot["model_source"] = resolved.source if resolved else "default"
             return worker
         except Exception as e:
+            from engine import cuda
+
+            started = cuda.take_prestarted()  # a failure before Engine.load took the prestarted context
+            if started is not None:
+                started.abandon()  # its early weight upload is freed: this worker keeps serving errors
             log.exception("the engine failed to load")
             err = e if isinstance(e, EngineError) else EngineError(error_output(e)["error"])
             return cls(None, Limits(), err, served)
