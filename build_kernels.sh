@@ -42,7 +42,9 @@ GENCODE_FILE=$(mktemp)
 trap 'rm -f "$GENCODE_FILE"' EXIT
 LINEINFO="${LINEINFO:-1}"
 [[ $LINEINFO == 0 || $LINEINFO == 1 ]] || { echo "build_kernels.sh: LINEINFO must be 0 or 1" >&2; exit 1; }
-NVCC_FLAGS="-O3 $([ "$LINEINFO" = 1 ] && echo -lineinfo) -std=c++17 --fatbin -Xptxas -v -Ikernels"
+LINE_FLAG=""
+[ "$LINEINFO" = 1 ] && LINE_FLAG="-lineinfo"
+NVCC_FLAGS="-O3 $LINE_FLAG -std=c++17 --fatbin -Xptxas -v -Ikernels"
 NVCC_VERSION=$("$NVCC" --version | tail -n 1)
 FORCE="${FORCE:-0}"
 CACHE="${KERNEL_CACHE_DIR-${XDG_CACHE_HOME:-$HOME/.cache}/reflex-kernels}"

@@ -43,17 +43,28 @@ constexpr int CLD = BN + 4;  // row stride of the staged output tile sC[BM][CLD]
 
 __host__ __device__ constexpr bool is_float_type(int t) { return t == q::F32 || t == q::F16 || t == q::BF16; }
 
+// K values a stage of the one-matrix tile (the pair's takes half): 32 by default; 64 (-DGEMM_STAGE_K=64, for an A/B
+// through scripts/variant.sh) halves the stages of the walk over K, which on an H200 cost ~0.85 us each whatever n is
+// (dispatch.py, split-K): a stage is a round trip to memory, and twice the bytes go out in each. Its stages no longer
+// fit twice in 48 KiB, so they take one buffer and a second barrier a stage; a split whose span is not a multiple of
+// the stage ends in a partial one (zeros past the span).
+#ifndef GEMM_STAGE_K
+#define GEMM_STAGE_K 32
+#endif
+
 template <int NW>  // weight matrices per tile: 1 (gemm) or 2 (gate and up)
 struct Cfg {
-    static constexpr int BK = 32 / NW;  // K values per stage, so that two stages fit in 48 KiB either way
+    static constexpr int BK = GEMM_STAGE_K / NW;  // K values per stage
     static constexpr int LD = BK + 4;
     static constexpr int TILE = 64 * LD;            // floats of one operand tile
     static constexpr int STAGE = (1 + NW) * TILE;   // sA, then sW[0..NW)
-    static constexpr int SMEM = 2 * STAGE;          // floats
+    static constexpr int BUFS = 2 * STAGE * 4 <= 48 * 1024 ? 2 : 1;  // stage buffers: two where they fit
+    static constexpr int SMEM = BUFS * STAGE;       // floats
     static constexpr int A_VECS = BM * BK / 4 / THREADS;    // float4s of A per thread per stage
     static constexpr int W_GROUPS = BN * BK / 8 / THREADS;  // load8 groups per matrix per thread per stage
     static_assert(A_VECS >= 1 && W_GROUPS >= 1, "stage too small for the block");
     static_assert(SMEM >= BM * CLD, "the output tile is staged over the stage buffers");
+    static_assert(BK % 8 == 0 && BK >= 16, "a stage is whole 8-value groups of every thread's share");
     static_assert(SMEM * 4 <= 48 * 1024, "static shared memory");
     static_assert((TILE * 4) % 32 == 0 && (16 * LD * 4) % 32 == 0, "wmma pointers must be 32-byte aligned");
 };
@@ -75,22 +86,39 @@ struct Stage {
     float4 a[C::A_VECS];
     float w[NW][C::W_GROUPS][8];
 
-    // Values [k0, k0 + BK) of the tile's 64 tokens and 64 rows. Item i of A is token i / (BK/4), float4 i % (BK/4)
-    // (consecutive lanes read consecutive 16 bytes of a row); item i of W is row i / (BK/8), group i % (BK/8).
+    // Values [k0, k0 + BK) of the tile's 64 tokens and 64 rows, those from k0 + lim on as zeros (lim < BK only in
+    // the partial last stage of a wider stage; K - 4 and the row's last group stand in for what lies past K, and the
+    // select leaves no branch in the loop). Item i of A is token i / (BK/4), float4 i % (BK/4) (consecutive lanes
+    // read consecutive 16 bytes of a row); item i of W is row i / (BK/8), group i % (BK/8).
     __device__ __forceinline__ void load(const float* __restrict__ A, int K, int t0, int n,
-                                         const uint8_t* const (&W)[NW], long long row_bytes, int r0, int R, int k0) {
+                                         const uint8_t* const (&W)[NW], long long row_bytes, int r0, int R, int k0,
+                                         int lim) {
+        constexpr bool PARTIAL = GEMM_STAGE_K > 32;  // the default stage always lies whole inside a split's span
 #pragma unroll
         for (int p = 0; p < C::A_VECS; ++p) {
             const int i = threadIdx.x + THREADS * p, tok = i / (C::BK / 4), c = i % (C::BK / 4);
             const long long t = min(t0 + tok, n - 1);
-            a[p] = __ldg(reinterpret_cast<const float4*>(A + t * K + k0) + c);
+            if constexpr (PARTIAL) {
+                const float4 v = __ldg(reinterpret_cast<const float4*>(A + t * K + min(k0 + 4 * c, K - 4)));
+                a[p] = 4 * c < lim ? v : make_float4(0.f, 0.f, 0.f, 0.f);
+            } else {
+                a[p] = __ldg(reinterpret_cast<const float4*>(A + t * K + k0) + c);
+            }
         }
 #pragma unroll
         for (int p = 0; p < C::W_GROUPS; ++p) {
             const int i = threadIdx.x + THREADS * p, row = i / (C::BK / 8), j = i % (C::BK / 8);
             const long long r = min(r0 + row, R - 1);
 #pragma unroll
-            for (int m = 0; m < NW; ++m) q::Quant<T>::load8(W[m] + r * row_bytes, (k0 >> 3) + j, w[m][p]);
+            for (int m = 0; m < NW; ++m) {
+                if constexpr (PARTIAL) {
+                    q::Quant<T>::load8(W[m] + r * row_bytes, min((k0 >> 3) + j, (K >> 3) - 1), w[m][p]);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) w[m][p][e] = 8 * j < lim ? w[m][p][e] : 0.f;
+                } else {
+                    q::Quant<T>::load8(W[m] + r * row_bytes, (k0 >> 3) + j, w[m][p]);
+                }
+            }
         }
     }
 
@@ -346,20 +374,24 @@ __device__ __forceinline__ void tile(const uint8_t* const (&W)[NW], long long ro
     __shared__ __align__(128) float smem[Cf::SMEM];
     __shared__ int last;
     const int r0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
-    const int S = split.part ? int(gridDim.z) : 1, span = K / S, k0 = span * int(blockIdx.z);  // span % BK == 0
-    const int nk = span / Cf::BK;
+    // span: a multiple of 32 (k_gemm.SPLIT_STEP), of BK at the default stage width
+    const int S = split.part ? int(gridDim.z) : 1, span = K / S, k0 = span * int(blockIdx.z);
+    const int nk = GEMM_STAGE_K > 32 ? (span + Cf::BK - 1) / Cf::BK : span / Cf::BK;
 
     Stage<T, NW, TC> st;
     Acc acc;
     acc.zero();
-    st.load(A, K, t0, n, W, row_bytes, r0, R, k0);
+    st.load(A, K, t0, n, W, row_bytes, r0, R, k0, span);
     st.store(smem);
     __syncthreads();
     for (int kt = 0; kt < nk; ++kt) {
-        // The next stage; on the last pass the last one again (in bounds; it lands in a buffer no one reads).
-        st.load(A, K, t0, n, W, row_bytes, r0, R, k0 + min(kt + 1, nk - 1) * Cf::BK);
-        acc.mma(smem + (kt & 1) * Cf::STAGE);
-        st.store(smem + ((kt + 1) & 1) * Cf::STAGE);
+        // The next stage; on the last pass the last one again (in bounds; with two buffers it lands in one no one
+        // reads, with one it is stored after the barrier and never read).
+        const int next = min(kt + 1, nk - 1) * Cf::BK;
+        st.load(A, K, t0, n, W, row_bytes, r0, R, k0 + next, span - next);
+        acc.mma(smem + (Cf::BUFS == 2 ? kt & 1 : 0) * Cf::STAGE);
+        if constexpr (Cf::BUFS == 1) __syncthreads();  // every warp is done with the buffer before it is refilled
+        st.store(smem + (Cf::BUFS == 2 ? (kt + 1) & 1 : 0) * Cf::STAGE);
         __syncthreads();
     }
     if (S == 1) {
