@@ -17,6 +17,9 @@
 #   release    the release kernel build (LINEINFO=0, as the image) into $RELEASE_DIR (/tmp/build-release; started
 #              in the background right after the development build, beside the stages before this one), then
 #              scripts/module_load_bench.py: cuModuleLoad per module, development build against release
+#   variants   the kernel A/Bs kept as compile-time switches: tc_matvec with TCMV_SIDE=3, gemm + moe with
+#              GEMM_STAGE_K=64 (scripts/variant.sh copies), each variant's kernel tests from its copy, then engine bench
+#              (warm) and engine profile --batch 13 / --batch 512, base and variants interleaved, two rounds
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
 #              (COLDAB_VARIANTS, default: base, release kernels if built, late upload, modules on first use, 64 MiB
 #              pieces), interleaved, with warm and then dropped page caches
@@ -121,6 +124,27 @@ for stage in $STAGES; do
     release)
       [ -z "$release_pid" ] || wait "$release_pid" || { tail -20 "$OUT/release_build.log"; stage_exit=1; }
       timeout 200 python3 scripts/module_load_bench.py kernels/build "$R" --rounds 5 2>&1 | tee "$OUT/module_load.md" ;;
+    variants)
+      m=$PWD/bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
+      [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/variants.log" 2>&1
+      { EXTRA_NVCC=-DTCMV_SIDE=3 scripts/variant.sh make side3 kernels/tc_matvec.cu=kernels/tc_matvec.cu &&
+        EXTRA_NVCC=-DGEMM_STAGE_K=64 scripts/variant.sh make stage64 kernels/gemm.cu=kernels/gemm.cu \
+          kernels/moe.cu=kernels/moe.cu; } >> "$OUT/variants.log" 2>&1 || { tail -20 "$OUT/variants.log"; stage_exit=1; }
+      scripts/variant.sh run side3 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_tc_matvec.py 2>&1 | tail -2
+      scripts/variant.sh run stage64 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_gemm.py \
+        tests/test_cuda_moe.py 2>&1 | tail -2
+      for round in 1 2; do
+        for v in base side3 stage64; do
+          run=(python3 -m engine); [ $v = base ] || run=(scripts/variant.sh run $v python3 -m engine)
+          timeout 120 "${run[@]}" bench "$m" > "$OUT/variant_bench_${v}_$round.json" 2>> "$OUT/variants.log"
+          for b in 13 512; do
+            timeout 120 "${run[@]}" profile "$m" --repeats 20 --batch $b > "$OUT/variant_profile_${v}_b${b}_$round.json" \
+              2>> "$OUT/variants.log"
+          done
+          python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['warm']; print(sys.argv[2], sys.argv[3], w)" \
+            "$OUT/variant_bench_${v}_$round.json" $v $round 2>&1 | cut -c1-400
+        done
+      done ;;
     coldab)
       m=bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/coldab.log" 2>&1
