@@ -19,6 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from engine import files
 from engine.errors import GGUFError
 from engine.quants import BLOCK_SIZES, GGMLType, type_name
 
@@ -96,7 +97,7 @@ class GGUFFile:
         self.path = os.fspath(path)
         self.mm = mm
         self.size = len(mm)
-        self.identity: tuple | None = None  # file_identity of the file opened, where the opener records it
+        self.identity: tuple | None = None  # engine.files.identity of the file opened, where the opener records it
         self.version = version
         self.metadata = metadata
         self.tensors: dict[str, TensorInfo] = tensors if tensors is not None else {}
@@ -121,12 +122,6 @@ class GGUFFile:
         return memoryview(self.mm)[: self.data_offset]
 
 
-def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    """Which file, in which state: device, inode, size, modification and change times (GGUFFile.identity; the CUDA
-    upload compares it with the file it read)."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
 def read(path: str | os.PathLike) -> GGUFFile:
     """Open and parse a GGUF file. Raises GGUFError on anything malformed."""
     path = os.fspath(path)
@@ -139,7 +134,7 @@ def read(path: str | os.PathLike) -> GGUFFile:
     except OSError as e:
         raise GGUFError(f"{path}: cannot open: {e.strerror or e}") from e
     gf = _Parser(path, mm).parse()
-    gf.identity = file_identity(st)
+    gf.identity = files.identity(st)
     return gf
 
 

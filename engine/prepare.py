@@ -28,21 +28,21 @@ import json
 import logging
 import mmap
 import os
-import struct
 import threading
 from dataclasses import dataclass
 
-from engine import gguf
+from engine import files, gguf
 from engine.errors import InvalidInput
+from engine.files import FORMAT, MAGIC, MAX_SECTION, cache_path, cached_data_span, tentative_json
+from engine.files import PREAMBLE as _PREAMBLE
 from engine.quants import GGMLType
 from engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"RFLXCACHE3\n"  # 3: the tokenizer packed (engine/text/packed.py)
-FORMAT = 3
-_PREAMBLE = struct.Struct("<QQ32s")
-MAX_SECTION = 1 << 28  # bytes of the JSON or of the tokenizer section (a 150 K vocabulary's is ~6 MB)
+__all__ = ["FORMAT", "MAGIC", "MAX_SECTION", "OpenedModel", "cache_is_current", "cache_path", "cached_data_span",
+           "file_sha256", "open_model", "write_cache"]  # fmt: skip
+
 SAMPLES, SAMPLE_BYTES = 64, 1 << 14
 _BIG_ARRAY = 1024  # arrays longer than this stay out of the cached metadata (the tokenizer carries the vocab)
 
@@ -53,10 +53,6 @@ class OpenedModel:
     tokenizer: Tokenizer | None  # None when there is no cache: the caller builds it (it is timed separately)
     sha256: str | None  # of the whole file, known only from a cache
     cache_used: bool
-
-
-def cache_path(model_path: str) -> str:
-    return model_path + ".reflex-cache"
 
 
 def cache_is_current(model_path: str) -> bool:
@@ -146,40 +142,6 @@ def _read_cache(path: str) -> tuple[int, bytes, bytes]:
         return n_json, f.read(n_json + n_tok), digest
 
 
-def cached_data_span(model_path: str) -> tuple[int, int] | None:
-    """(data offset, file size) of the model as its cache records them, read tentatively (preamble and JSON only, the
-    digest unchecked): what the weight upload may start from on the CUDA context's thread before the model is opened
-    (engine/cuda/upload.py, early). Whoever takes that upload checks it against the opened file, so a wrong answer
-    here costs a discarded copy, never a wrong weight. None when there is no readable cache or it disagrees with the
-    file's size."""
-    try:
-        with open(cache_path(model_path), "rb") as f:
-            head = f.read(len(MAGIC) + _PREAMBLE.size)
-            if not head.startswith(MAGIC) or len(head) < len(MAGIC) + _PREAMBLE.size:
-                return None
-            n_json = _PREAMBLE.unpack_from(head, len(MAGIC))[0]
-            if n_json > MAX_SECTION:
-                return None
-            header = _tentative_json(f.read(n_json))
-        size = os.path.getsize(model_path)
-    except OSError:
-        return None
-    offset, model = header.get("data_offset"), header.get("model")
-    if type(offset) is not int or not 0 < offset <= size or not isinstance(model, dict) or model.get("size") != size:
-        return None
-    return offset, size
-
-
-def _tentative_json(raw: bytes) -> dict:
-    """The cache's JSON read before its digest is checked, only to start hashing the model early: {} if unreadable
-    (its errors are raised, if the digest holds, by the strict read after it)."""
-    try:
-        header = json.loads(raw)
-    except Exception:  # ValueError, RecursionError, ...: the digest decides what the cache is worth
-        return {}
-    return header if isinstance(header, dict) else {}
-
-
 def _from_cache(model_path: str, cpath: str) -> OpenedModel | None:
     """The model through its cache, or None when the cache was built for another file. The model's identity (header
     and samples, ~3 ms of sha256 for a 150 K vocabulary) is hashed on a thread while this one checks the cache's own
@@ -187,7 +149,7 @@ def _from_cache(model_path: str, cpath: str) -> OpenedModel | None:
     the header and the file size come from the JSON before its digest is checked: the thread starts only when they
     agree with the file and the header is within MAX_SECTION, and nothing is trusted unless the digest holds."""
     n_json, body, digest = _read_cache(cpath)
-    early = _tentative_json(body[:n_json])
+    early = tentative_json(body[:n_json])
     with open(model_path, "rb") as f:
         st = os.fstat(f.fileno())
         size = st.st_size
@@ -228,7 +190,7 @@ def _from_cache(model_path: str, cpath: str) -> OpenedModel | None:
             log.info("ignoring the cache of %s: it was built for another file (%s differ)", model_path, what)
             return None
     gf = gguf.GGUFFile(model_path, mm, header["version"], header["metadata"], None, data_offset, header["alignment"])
-    gf.identity = gguf.file_identity(st)
+    gf.identity = files.identity(st)
     gf.tensors = {
         name: gguf.TensorInfo(name, GGMLType(type_id), tuple(ne), offset, n_bytes, gf)
         for name, type_id, ne, offset, n_bytes in header["tensors"]

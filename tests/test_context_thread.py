@@ -160,9 +160,10 @@ def test_load_runner_takes_only_an_upload_of_the_file_it_opened(tmp_path, fake, 
     gf = prepare.open_model(path).file
     with pytest.raises(Stop):
         cuda.load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 64, starter)
-    assert len(given) == 1 and len(fake.freed) == 1  # freed once: by the failed load, or refused
+    freed = fake.mine()
+    assert len(given) == 1 and len(freed) == 1  # freed once: by the failed load, or refused
     if which == "same":
-        assert given[0] == (path, fake.freed[0])
+        assert given[0] == (path, freed[0])
     else:
         assert given[0] is None  # the other file's upload: freed, not used
     assert ended(starter)

@@ -45,6 +45,8 @@ def fake(monkeypatch):
     monkeypatch.setattr(memory, "free", f.freed.append)
     monkeypatch.setattr(memory, "Event", f.Event)
     monkeypatch.setattr(driver, "start_context", f.start_context)
+    # Frees of this test's allocations (an earlier test's upload collected now frees through the same fake)
+    f.mine = lambda: [p for p in f.freed if p in {ctypes.addressof(b) for b in f.buffers}]
     return f
 
 
@@ -109,7 +111,7 @@ def test_the_early_upload_holds_the_tensor_data_and_matches_its_file(model, fake
     assert (w.base, w.n_bytes, w.stats["upload_ms"]) == (base, up.n_bytes, up.stats["upload_ms"])
     w.free()
     w.free()
-    assert fake.freed == [base] and up.base == 0  # freed once
+    assert fake.mine() == [base] and up.base == 0  # freed once
 
 
 def test_an_upload_of_another_file_or_offset_or_state_is_not_taken(model, fake, tmp_path):
@@ -123,6 +125,7 @@ def test_an_upload_of_another_file_or_offset_or_state_is_not_taken(model, fake, 
     os.utime(model, ns=(1, 1))  # the file was changed after the upload read it
     assert not up.matches(gguf.read(model))
     assert upload.early(str(tmp_path / "missing.gguf")) is None
+    up.free()
 
 
 def test_a_file_changed_between_its_open_and_its_upload_is_refused(model, fake):
@@ -132,7 +135,7 @@ def test_a_file_changed_between_its_open_and_its_upload_is_refused(model, fake):
         f.write(b"\x7f" * 64)
     with pytest.raises(GGUFError, match="changed between its open and its upload"):
         upload.DeviceWeights(gf, stream=0)
-    assert len(fake.freed) == 1 and not fake.locked
+    assert len(fake.mine()) == 1 and not fake.locked
 
 
 def test_a_cancelled_upload_stops_and_frees_what_it_took(model, fake, monkeypatch):
@@ -148,7 +151,7 @@ def test_a_cancelled_upload_stops_and_frees_what_it_took(model, fake, monkeypatc
     monkeypatch.setattr(memory, "memcpy_async", copy_then_cancel)
     with pytest.raises(upload.Cancelled):
         upload.early(model, 0, cancel)
-    assert len(fake.copies) == 1 and len(fake.freed) == 1 and not fake.locked and not fake.streams
+    assert len(fake.copies) == 1 and len(fake.mine()) == 1 and not fake.locked and not fake.streams
 
 
 # -- upload_early ----------------------------------------------------------------------------------------------
@@ -186,6 +189,7 @@ def test_the_model_may_be_named_on_the_context_thread(starter, model):
     cuda.upload_early(local)
     up = starter.take_upload(lambda u: u.matches(gguf.read(model)))
     assert ctypes.string_at(up.base, up.n_bytes) == section(model) and seen == ["cuda-context"]
+    up.free()
 
 
 def test_the_upload_holds_a_short_switch_interval_and_gives_it_back(starter, monkeypatch, model):
@@ -198,7 +202,9 @@ def test_the_upload_holds_a_short_switch_interval_and_gives_it_back(starter, mon
     assert gil.hold()  # another holder, released while the upload may still hold
     cuda.upload_early(model)
     gil.release()
-    assert starter.take_upload(lambda u: True) is not None
+    up = starter.take_upload(lambda u: True)
+    assert up is not None
+    up.free()
     assert seen == [gil.SWITCH_MS / 1000] and sys.getswitchinterval() == before
 
 

@@ -23,13 +23,16 @@ import logging
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-from engine import gguf
+from engine import files
 from engine.cuda import driver, memory
 from engine.errors import CudaError, GGUFError, env_int
-from engine.gguf import GGUFFile, TensorInfo
 from engine.quants import BLOCK_SIZES
 from engine.timing import Stopwatch
+
+if TYPE_CHECKING:  # not imported at run time: the context's thread imports this module before the upload starts
+    from engine.gguf import GGUFFile, TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class Upload:
         try:
             st = os.fstat(fd)
             self.size = st.st_size
-            self.identity = gguf.file_identity(st)
+            self.identity = files.identity(st)
             self.n_bytes = max(0, self.size - data_offset)
             with Stopwatch() as alloc_sw:
                 self.base = memory.malloc(self.n_bytes)
@@ -176,9 +179,7 @@ def early(path: str, device: int = 0, cancel: threading.Event | None = None) -> 
     """The tensor data of the model at `path` on the device, uploaded before the model is opened (on the CUDA
     context's thread, as soon as the context exists: engine/cuda.upload_early), from the data offset its prepare cache
     records; None without a usable cache. The loader takes it only if it `matches` the opened file."""
-    from engine.prepare import cached_data_span
-
-    span = cached_data_span(path)
+    span = files.cached_data_span(path)
     if span is None:
         return None
     stream = memory.stream_create()

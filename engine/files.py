@@ -1,0 +1,60 @@
+"""Cheap facts about a model's files, read before the heavy imports (the CUDA context's thread uses them to start the
+weight upload while the main thread still imports): which file, in which state (`identity`), and the prepare cache's
+layout (engine/prepare.py writes and checks the cache; the constants and the tentative read of its data span live here
+so that reading them imports nothing but the standard library's json and struct).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+MAGIC = b"RFLXCACHE3\n"  # 3: the tokenizer packed (engine/text/packed.py)
+FORMAT = 3
+PREAMBLE = struct.Struct("<QQ32s")  # JSON length, tokenizer length, sha256 of both
+MAX_SECTION = 1 << 28  # bytes of the JSON or of the tokenizer section (a 150 K vocabulary's is ~6 MB)
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """Which file, in which state: device, inode, size, modification and change times (GGUFFile.identity; the CUDA
+    upload compares it with the file it read)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def cache_path(model_path: str) -> str:
+    return model_path + ".reflex-cache"
+
+
+def tentative_json(raw: bytes) -> dict:
+    """The cache's JSON read before its digest is checked: {} if unreadable (its errors are raised, if the digest
+    holds, by the strict read after it)."""
+    try:
+        header = json.loads(raw)
+    except Exception:  # ValueError, RecursionError, ...: the digest decides what the cache is worth
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
+def cached_data_span(model_path: str) -> tuple[int, int] | None:
+    """(data offset, file size) of the model as its cache records them, read tentatively (preamble and JSON only, the
+    digest unchecked): what the weight upload may start from on the CUDA context's thread before the model is opened
+    (engine/cuda/upload.py, early). Whoever takes that upload checks it against the opened file, so a wrong answer
+    here costs a discarded copy, never a wrong weight. None when there is no readable cache or it disagrees with the
+    file's size."""
+    try:
+        with open(cache_path(model_path), "rb") as f:
+            head = f.read(len(MAGIC) + PREAMBLE.size)
+            if not head.startswith(MAGIC) or len(head) < len(MAGIC) + PREAMBLE.size:
+                return None
+            n_json = PREAMBLE.unpack_from(head, len(MAGIC))[0]
+            if n_json > MAX_SECTION:
+                return None
+            header = tentative_json(f.read(n_json))
+        size = os.path.getsize(model_path)
+    except OSError:
+        return None
+    offset, model = header.get("data_offset"), header.get("model")
+    if type(offset) is not int or not 0 < offset <= size or not isinstance(model, dict) or model.get("size") != size:
+        return None
+    return offset, size
