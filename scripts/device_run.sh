@@ -151,9 +151,9 @@ for stage in $STAGES; do
       python3 -m engine prepare "$m" >> "$OUT/coldab.log" 2>&1
       rel=""; [ -f "$R/manifest.json" ] && rel="--variant release=REFLEX_KERNEL_DIR=$R"
       variants=${COLDAB_VARIANTS:-"--variant base= $rel --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0 --variant pieces64=REFLEX_UPLOAD_PIECE_MIB=64 --variant pieces32=REFLEX_UPLOAD_PIECE_MIB=32 --variant exit_reset=REFLEX_EXIT_RESET=1"}
-      timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-7}" $variants \
+      timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-5}" $variants \
         --out "$OUT/cold_ab_warm.json" 2>> "$OUT/coldab.log" | tee "$OUT/cold_ab_warm.md" || stage_exit=$?
-      timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-7}" $variants \
+      timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-5}" $variants \
         --drop-page-cache --out "$OUT/cold_ab_dropped.json" 2>> "$OUT/coldab.log" | tee "$OUT/cold_ab_dropped.md" ;;
     synccost)
       timeout 120 python3 scripts/sync_cost.py > "$OUT/sync_cost.md" 2>&1; stage_exit=$?; cat "$OUT/sync_cost.md" ;;
