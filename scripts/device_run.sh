@@ -22,7 +22,8 @@
 #              (warm) and engine profile --batch 13 / --batch 512, base and variants interleaved, two rounds
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
 #              (COLDAB_VARIANTS, default: base, release kernels if built, late upload, modules on first use, 64 and 32 MiB
-#              pieces, the GPU torn down before the exit), interleaved, with warm and then dropped page caches
+#              pieces, every kernel loaded with its module (CUDA_MODULE_LOADING=EAGER: not at its first use, inside the
+#              first prompt eval), the GPU torn down before the exit), interleaved, with warm and then dropped page caches
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
 #              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel
 # Usage: STAGES="tests bench" scripts/device_run.sh
@@ -150,7 +151,7 @@ for stage in $STAGES; do
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/coldab.log" 2>&1
       python3 -m engine prepare "$m" >> "$OUT/coldab.log" 2>&1
       rel=""; [ -f "$R/manifest.json" ] && rel="--variant release=REFLEX_KERNEL_DIR=$R"
-      variants=${COLDAB_VARIANTS:-"--variant base= $rel --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0 --variant pieces64=REFLEX_UPLOAD_PIECE_MIB=64 --variant pieces32=REFLEX_UPLOAD_PIECE_MIB=32 --variant exit_reset=REFLEX_EXIT_RESET=1"}
+      variants=${COLDAB_VARIANTS:-"--variant base= $rel --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0 --variant pieces64=REFLEX_UPLOAD_PIECE_MIB=64 --variant pieces32=REFLEX_UPLOAD_PIECE_MIB=32 --variant eager=CUDA_MODULE_LOADING=EAGER --variant exit_reset=REFLEX_EXIT_RESET=1"}
       timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-5}" $variants \
         --out "$OUT/cold_ab_warm.json" 2>> "$OUT/coldab.log" | tee "$OUT/cold_ab_warm.md" || stage_exit=$?
       timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-5}" $variants \
