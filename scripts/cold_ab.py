@@ -33,7 +33,8 @@ from engine.tools.peer import Meter
 # The phases shown, in the order they happen on the main thread (then the thread's and the totals).
 ROWS = ["imports_ms", "gguf_open_ms", "cuda_init_wait_ms", "early_upload_wait_ms", "stream_ms", "weights_alloc_ms",
         "upload_ms", "host_register_ms", "buffers_ms", "model_load_ms", "prompt_eval_ms", "cuda_init_ms",
-        "process_start_to_ready_ms", "process_start_to_result_ms", "external_wall_ms", "energy_j"]  # fmt: skip
+        "process_start_to_ready_ms", "process_start_to_result_ms", "exit_reset_ms", "external_wall_ms",
+        "energy_j"]  # fmt: skip
 
 
 def variant(spec: str) -> tuple[str, dict[str, str]]:
@@ -68,6 +69,9 @@ def main() -> None:
             r = meter.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
             cold = cli_result(r.stdout, r.stderr, f"cold {name}")["cold_start"]
             cold.update(external_wall_ms=r.wall_ms, energy_j=r.energy_j)
+            for line in r.stderr.splitlines():  # REFLEX_EXIT_RESET=1's teardown before the exit (engine/tools/cli.py)
+                if line.startswith("exit_reset_ms "):
+                    cold["exit_reset_ms"] = float(line.split()[1])
             runs[name].append(cold)
     names = [name for name, _ in args.variant]
     print(f"| phase (p50 / min of {args.rounds}, ms) | " + " | ".join(names) + " |")
