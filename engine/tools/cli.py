@@ -364,10 +364,17 @@ def _undecodable(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None, fast_exit: bool = True) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    bad = _undecodable(argv)
-    if bad is not None:
-        raise SystemExit(_fail_usage(bad))
-    args = _parser().parse_args(argv)
+    try:
+        bad = _undecodable(argv)
+        if bad is not None:
+            raise SystemExit(_fail_usage(bad))
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # a usage error or --help: out the same fast way (the context's thread may be uploading)
+        if not fast_exit:
+            raise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.code if isinstance(e.code, int) else 2)
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     if args.command not in ("prepare", "smoke", "doctor"):
         import engine.engine  # noqa: F401 - the engine's imports belong to imports_ms, not to model_load_ms
