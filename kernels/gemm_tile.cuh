@@ -4,7 +4,7 @@
 // A block (128 threads = 4 warps) owns tokens [t0, t0 + 64) x weight rows [r0, r0 + 64) and walks K in stages of BK
 // values. A stage travels global -> registers (A as float4, W dequantized by Quant<T>::load8) -> shared memory, two
 // buffers deep: the loads of stage s + 1 are issued before the warps multiply stage s out of one buffer, and land in
-// the other buffer after the multiply; one barrier per stage. The loop body has no branches of its own (tokens past n
+// the other buffer after the multiply; one barrier per stage (GEMM_STAGE_K=64: one buffer, two barriers). The loop body has no branches of its own (tokens past n
 // and rows past R are clamped to the last valid one: they only feed outputs that are never written, and every read
 // stays inside A and W), so ptxas can schedule the multiply between the loads and the dequantizing arithmetic that
 // waits for them (seen in the sm_90 SASS; a branch inside load8, as scale_min_k4's for Q4_K/Q5_K, splits the body and
@@ -13,8 +13,9 @@
 // Shared memory, one stage (floats; row stride LD = BK + 4):
 //   sA[64][LD]         A[t0 + i, k0 + k]   (token-major: the row-major matrix_a)
 //   sW[m][64][LD]      W_m[r0 + j, k0 + k] (weight-row-major: B = W^T read as column-major matrix_b)
-// LD = 36 or 20 (= 4, 20 mod 32): the 8 rows x 4 columns that a tf32 fragment load touches per instruction, the
-// float4 reads of the SIMT path, and the loaders' float4 stores all hit 32 distinct banks.
+// LD = 36 or 20 (= 4, 20 mod 32; 68 at GEMM_STAGE_K=64): the 8 rows x 4 columns that a tf32 fragment load touches per
+// instruction, the float4 reads of the SIMT path, and the loaders' float4 stores all hit 32 distinct banks (at 68 the
+// weight stores by alternating their two halves: Stage::store).
 // After the loop the finished tile is staged through sC[64][68] (over the stage buffers), so the global stores are
 // coalesced float4 and the n / R guards are per element.
 //
@@ -65,6 +66,7 @@ struct Cfg {
     static_assert(A_VECS >= 1 && W_GROUPS >= 1, "stage too small for the block");
     static_assert(SMEM >= BM * CLD, "the output tile is staged over the stage buffers");
     static_assert(BK % 8 == 0 && BK >= 16, "a stage is whole 8-value groups of every thread's share");
+    static_assert(BM * BK / 4 % THREADS == 0 && BN * BK / 8 % THREADS == 0, "every thread loads whole items");
     static_assert(SMEM * 4 <= 48 * 1024, "static shared memory");
     static_assert((TILE * 4) % 32 == 0 && (16 * LD * 4) % 32 == 0, "wmma pointers must be 32-byte aligned");
 };
@@ -93,7 +95,7 @@ struct Stage {
     __device__ __forceinline__ void load(const float* __restrict__ A, int K, int t0, int n,
                                          const uint8_t* const (&W)[NW], long long row_bytes, int r0, int R, int k0,
                                          int lim) {
-        constexpr bool PARTIAL = GEMM_STAGE_K > 32;  // the default stage always lies whole inside a split's span
+        constexpr bool PARTIAL = C::BK > 32;  // a stage of 32 always lies whole inside a split's span
 #pragma unroll
         for (int p = 0; p < C::A_VECS; ++p) {
             const int i = threadIdx.x + THREADS * p, tok = i / (C::BK / 4), c = i % (C::BK / 4);
@@ -137,8 +139,20 @@ struct Stage {
             for (int m = 0; m < NW; ++m) {
                 const float* v = w[m][p];
                 float4* d = reinterpret_cast<float4*>(s + (1 + m) * C::TILE + row * C::LD + 8 * j);
-                d[0] = make_float4(operand<TF32>(v[0]), operand<TF32>(v[1]), operand<TF32>(v[2]), operand<TF32>(v[3]));
-                d[1] = make_float4(operand<TF32>(v[4]), operand<TF32>(v[5]), operand<TF32>(v[6]), operand<TF32>(v[7]));
+                if constexpr (C::BK > 32) {  // 8 groups a row: groups j and j + 4 of a quarter-warp share banks
+                    const float4 lo = make_float4(operand<TF32>(v[0]), operand<TF32>(v[1]), operand<TF32>(v[2]),
+                                                  operand<TF32>(v[3]));
+                    const float4 hi = make_float4(operand<TF32>(v[4]), operand<TF32>(v[5]), operand<TF32>(v[6]),
+                                                  operand<TF32>(v[7]));
+                    const bool h = (j >> 2) & 1;  // so half of it stores its upper half first
+                    d[h] = h ? hi : lo;
+                    d[!h] = h ? lo : hi;
+                } else {
+                    d[0] = make_float4(operand<TF32>(v[0]), operand<TF32>(v[1]), operand<TF32>(v[2]),
+                                       operand<TF32>(v[3]));
+                    d[1] = make_float4(operand<TF32>(v[4]), operand<TF32>(v[5]), operand<TF32>(v[6]),
+                                       operand<TF32>(v[7]));
+                }
             }
         }
     }

@@ -28,7 +28,7 @@ __device__ __forceinline__ void grouped_tile(const uint8_t* const (&W)[NW], long
     gemm::tile<T, NW>(We, row_bytes, R, K, A + shift * K, y * gemm::BM + (end - start), nullptr, C + shift * R);
 }
 
-#define MOE_GEMM_BOUNDS __launch_bounds__(gemm::THREADS, 2)  // as gemm.cu: room for the double-buffered stage
+#define MOE_GEMM_BOUNDS __launch_bounds__(gemm::THREADS, 2)  // as gemm.cu: room for a stage in registers
 // gate_up runs matvec_block.cuh's block, under matvec.cu's 1-token bound: 2 blocks an SM (at most 128 registers) for
 // the split-form types, else the plain bound. (The warp-a-row kernel before it spilled on sm_100 under the plain
 // bound and asked for 3.)

@@ -100,7 +100,9 @@ __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {  // plain
 
 // Accumulators the tf32 form's 12 dependent mma a chunk and fragment go to: 1 (every product into acc), 2 (lo.hi and
 // hi.lo beside hi.hi) or 3 (one each: chains of 4). For comparisons (scripts/variant.sh with EXTRA_NVCC=-DTCMV_SIDE=N):
-// registers on sm_90 (nvcc 13.0) tcmv3 q4_k_q6_k m16 86 -> 92 / 106, tcmv_swiglu q4_k m16 71 -> 80 / 94, no spills.
+// registers on sm_90 (nvcc 13.0) tcmv3 q4_k_q6_k m16 86 -> 92 / 106, tcmv_swiglu q4_k m16 71 -> 80 / 94, no spills;
+// fewer blocks an SM then (tcmv m16 past 64 registers: 2 -> 1 at 3; tcmv3 and swiglu m16 3 -> 2), which the A/B mixes
+// in with the shorter chains. The f16 form (sm_75, larger tiles) is the same code at every setting.
 #ifndef TCMV_SIDE
 #define TCMV_SIDE 1
 #endif
@@ -294,13 +296,14 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
             else tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m], acc[m], acc[m]);
         }
     }
-    if constexpr (TCMV_SIDE >= 2) {
+    if constexpr (TCMV_SIDE >= 2 && TF32<MT, F>) {  // (the f16 form keeps its own: lo1 and lo2 stay zero there)
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
             for (int f = 0; f < F; ++f)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) acc[m][f][i] += lo1[m][f][i] + lo2[m][f][i];
+                for (int i = 0; i < 4; ++i)
+                    acc[m][f][i] += TCMV_SIDE >= 3 ? lo1[m][f][i] + lo2[m][f][i] : lo1[m][f][i];
     }
 
     if (staged) __syncthreads();  // every warp is done with the staged rows: red goes over them

@@ -128,14 +128,20 @@ for stage in $STAGES; do
     variants)
       m=$PWD/bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/variants.log" 2>&1
-      { EXTRA_NVCC=-DTCMV_SIDE=3 scripts/variant.sh make side3 kernels/tc_matvec.cu=kernels/tc_matvec.cu &&
-        EXTRA_NVCC=-DGEMM_STAGE_K=64 scripts/variant.sh make stage64 kernels/gemm.cu=kernels/gemm.cu \
-          kernels/moe.cu=kernels/moe.cu; } >> "$OUT/variants.log" 2>&1 || { tail -20 "$OUT/variants.log"; stage_exit=1; }
-      scripts/variant.sh run side3 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_tc_matvec.py 2>&1 | tail -2
-      scripts/variant.sh run stage64 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_gemm.py \
-        tests/test_cuda_moe.py 2>&1 | tail -2
+      # A variant runs only if it built and its kernel tests pass (a failed build would leave the base's fatbins in it).
+      ok=(base)
+      EXTRA_NVCC=-DTCMV_SIDE=3 scripts/variant.sh make side3 kernels/tc_matvec.cu=kernels/tc_matvec.cu \
+        >> "$OUT/variants.log" 2>&1 &&
+        scripts/variant.sh run side3 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_tc_matvec.py \
+          > "$OUT/variant_tests_side3.log" 2>&1 && ok+=(side3)
+      EXTRA_NVCC=-DGEMM_STAGE_K=64 scripts/variant.sh make stage64 kernels/gemm.cu=kernels/gemm.cu \
+        kernels/moe.cu=kernels/moe.cu >> "$OUT/variants.log" 2>&1 &&
+        scripts/variant.sh run stage64 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_gemm.py \
+          tests/test_cuda_moe.py > "$OUT/variant_tests_stage64.log" 2>&1 && ok+=(stage64)
+      tail -2 "$OUT"/variant_tests_*.log; echo "variants that built and passed: ${ok[*]}"
+      [ ${#ok[@]} = 3 ] || stage_exit=1
       for round in 1 2; do
-        for v in base side3 stage64; do
+        for v in "${ok[@]}"; do
           run=(python3 -m engine); [ $v = base ] || run=(scripts/variant.sh run $v python3 -m engine)
           timeout 120 "${run[@]}" bench "$m" > "$OUT/variant_bench_${v}_$round.json" 2>> "$OUT/variants.log"
           for b in 13 512; do
