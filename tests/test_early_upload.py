@@ -34,20 +34,8 @@ def model(tmp_path):
 
 @pytest.fixture
 def fake(monkeypatch):
-    """The memory layer and the context on the host; `f.freed` lists freed allocations, `f.streams` the live ones."""
-    f = FakeCuda()
-    f.freed, f.streams = [], set()
-    for name in ("malloc", "memcpy_async", "host_register", "host_unregister"):
-        monkeypatch.setattr(memory, name, getattr(f, name))
-    monkeypatch.setattr(memory, "synchronize", lambda stream: None)
-    monkeypatch.setattr(memory, "stream_create", lambda: f.streams.add(7) or 7)
-    monkeypatch.setattr(memory, "stream_destroy", f.streams.discard)
-    monkeypatch.setattr(memory, "free", f.freed.append)
-    monkeypatch.setattr(memory, "Event", f.Event)
-    monkeypatch.setattr(driver, "start_context", f.start_context)
-    # Frees of this test's allocations (an earlier test's upload collected now frees through the same fake)
-    f.mine = lambda: [p for p in f.freed if p in {ctypes.addressof(b) for b in f.buffers}]
-    return f
+    """The memory layer and the context on the host (FakeCuda.install)."""
+    return FakeCuda().install(monkeypatch)
 
 
 def section(path: str) -> bytes:

@@ -81,18 +81,28 @@ class FakeCuda:
         with self.mutex:
             self.contexts.add(device)
 
+    def mine(self) -> list[int]:
+        """Frees of this fake's allocations (an earlier test's upload collected now frees through the same fake)."""
+        return [p for p in self.freed if p in {ctypes.addressof(b) for b in self.buffers}]
+
+    def install(self, monkeypatch) -> FakeCuda:
+        """engine.cuda.memory and the context on this fake: `freed` lists freed allocations, `streams` live ones."""
+        self.freed, self.streams = [], set()
+        for name in ("malloc", "memcpy_async", "host_register", "host_unregister"):
+            monkeypatch.setattr(memory, name, getattr(self, name))
+        monkeypatch.setattr(memory, "synchronize", lambda stream: None)
+        monkeypatch.setattr(memory, "stream_create", lambda: self.streams.add(7) or 7)
+        monkeypatch.setattr(memory, "stream_destroy", self.streams.discard)
+        monkeypatch.setattr(memory, "free", self.freed.append)
+        monkeypatch.setattr(memory, "Event", self.Event)
+        monkeypatch.setattr(driver, "start_context", self.start_context)
+        return self
+
 
 @pytest.fixture
 def fake(monkeypatch):
     def make(**kw) -> FakeCuda:
-        f = FakeCuda(**kw)
-        for name in ("malloc", "memcpy_async", "host_register", "host_unregister"):
-            monkeypatch.setattr(memory, name, getattr(f, name))
-        monkeypatch.setattr(memory, "synchronize", lambda stream: None)
-        monkeypatch.setattr(memory, "free", lambda ptr: None)
-        monkeypatch.setattr(memory, "Event", f.Event)
-        monkeypatch.setattr(driver, "start_context", f.start_context)
-        return f
+        return FakeCuda(**kw).install(monkeypatch)
 
     return make
 

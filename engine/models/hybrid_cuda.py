@@ -162,7 +162,7 @@ class CudaModel:
         # Identities (Dk, Dk) and (Dv, Dv) f32: the F32 GEMM with A = I computes C = Wᵀ exactly (one product by 1
         # and zeros per output), which is how ssm is transposed between the kernels' order and the file's.
         self.eye_k, self.eye_v = (_identity(d) for d in (g.head_k_dim, g.head_v_dim))
-        memory.synchronize(0)  # the fill runs on the legacy stream, which the runner's non-blocking stream ignores
+        # The fills run on the legacy stream; load_runner waits for it once the model is built.
 
     @property
     def kv_cache_bytes(self) -> int:
