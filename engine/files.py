@@ -1,7 +1,8 @@
 """Cheap facts about a model's files, read before the heavy imports (the CUDA context's thread uses them to start the
 weight upload while the main thread still imports): which file, in which state (`identity`), and the prepare cache's
 layout (engine/prepare.py writes and checks the cache; the constants and the tentative read of its data span live here
-so that reading them imports nothing but the standard library's json and struct).
+so that reading them imports nothing but the standard library's json and struct), and the advice that starts reading a
+file's bytes from disk before they are needed (`readahead`, `advise`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,46 @@ def identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     """Which file, in which state: device, inode, size, modification and change times (GGUFFile.identity; the CUDA
     upload compares it with the file it read)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def prefetching() -> bool:
+    """Whether to ask the kernel for bytes before they are read (REFLEX_READAHEAD=0: never, for comparisons)."""
+    return os.environ.get("REFLEX_READAHEAD", "1") != "0"
+
+
+def readahead(path: str, offset: int, length: int) -> None:
+    """Start reading bytes [offset, offset + length) of the file at `path` into the page cache, in the background
+    (posix_fadvise WILLNEED), so that whoever reads them later waits less: the weight upload, started this way at
+    process start, has its file coming off disk while the CUDA context is created. Advice only: never raises."""
+    if not prefetching() or length <= 0 or not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def advise(mm, ranges) -> None:
+    """Ask for the (start, length) ranges of the read-only mapping `mm` all at once (madvise WILLNEED), before they
+    are read one after another: on a cold page cache each range read through the mapping otherwise waits for the disk
+    alone (the prepare cache's 65 samples of the tensor data, for one). Advice only: never raises."""
+    if not prefetching() or not hasattr(mm, "madvise"):
+        return
+    import mmap
+
+    page = mmap.PAGESIZE
+    for start, length in ranges:
+        lo = start - start % page
+        try:
+            mm.madvise(mmap.MADV_WILLNEED, lo, min(length + start - lo, len(mm) - lo))
+        except (OSError, ValueError):
+            return
 
 
 def cache_path(model_path: str) -> str:

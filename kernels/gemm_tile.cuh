@@ -4,7 +4,8 @@
 // A block (128 threads = 4 warps) owns tokens [t0, t0 + 64) x weight rows [r0, r0 + 64) and walks K in stages of BK
 // values. A stage travels global -> registers (A as float4, W dequantized by Quant<T>::load8) -> shared memory, two
 // buffers deep: the loads of stage s + 1 are issued before the warps multiply stage s out of one buffer, and land in
-// the other buffer after the multiply; one barrier per stage (GEMM_STAGE_K=64: one buffer, two barriers). The loop body has no branches of its own (tokens past n
+// the other buffer after the multiply, one barrier per stage, where two stages fit in 48 KiB (the pair's); the one-matrix
+// tile's stage takes one buffer and a second barrier. The loop body has no branches of its own (tokens past n
 // and rows past R are clamped to the last valid one: they only feed outputs that are never written, and every read
 // stays inside A and W), so ptxas can schedule the multiply between the loads and the dequantizing arithmetic that
 // waits for them (seen in the sm_90 SASS; a branch inside load8, as scale_min_k4's for Q4_K/Q5_K, splits the body and
@@ -13,7 +14,7 @@
 // Shared memory, one stage (floats; row stride LD = BK + 4):
 //   sA[64][LD]         A[t0 + i, k0 + k]   (token-major: the row-major matrix_a)
 //   sW[m][64][LD]      W_m[r0 + j, k0 + k] (weight-row-major: B = W^T read as column-major matrix_b)
-// LD = 36 or 20 (= 4, 20 mod 32; 68 at GEMM_STAGE_K=64): the 8 rows x 4 columns that a tf32 fragment load touches per
+// LD = 68, 36 or 20 (= 4, 4, 20 mod 32): the 8 rows x 4 columns that a tf32 fragment load touches per
 // instruction, the float4 reads of the SIMT path, and the loaders' float4 stores all hit 32 distinct banks (at 68 the
 // weight stores by alternating their two halves: Stage::store).
 // After the loop the finished tile is staged through sC[64][68] (over the stage buffers), so the global stores are
@@ -44,13 +45,15 @@ constexpr int CLD = BN + 4;  // row stride of the staged output tile sC[BM][CLD]
 
 __host__ __device__ constexpr bool is_float_type(int t) { return t == q::F32 || t == q::F16 || t == q::BF16; }
 
-// K values a stage of the one-matrix tile (the pair's takes half): 32 by default; 64 (-DGEMM_STAGE_K=64, for an A/B
-// through scripts/variant.sh) halves the stages of the walk over K, which on an H200 cost ~0.85 us each whatever n is
-// (dispatch.py, split-K): a stage is a round trip to memory, and twice the bytes go out in each. Its stages no longer
-// fit twice in 48 KiB, so they take one buffer and a second barrier a stage; a split whose span is not a multiple of
-// the stage ends in a partial one (zeros past the span).
+// K values a stage of the one-matrix tile (the pair's takes half): 64. Every stage is a round trip to memory that costs
+// ~0.85 us whatever n is (dispatch.py, split-K), so wider stages mean fewer of them; its stages no longer fit twice in
+// 48 KiB, so they take one buffer and a second barrier a stage, and a split whose span is not a multiple of 64 ends
+// in a partial one (zeros past the span). Chosen on an H200 (2026-12-05, Qwen3-0.6B shape, Q4_K_M, engine bench and
+// engine profile, interleaved against 32, two rounds each): pp512 41.5k -> 43.7k tok/s, pp128 25.9k -> 26.8k, pp16
+// and pp64 unchanged, although gemm_q4_k takes 250 registers (sm_90) and so 2 blocks an SM instead of 3.
+// -DGEMM_STAGE_K=32 builds the former width (two buffers, one barrier) for comparisons through scripts/variant.sh.
 #ifndef GEMM_STAGE_K
-#define GEMM_STAGE_K 32
+#define GEMM_STAGE_K 64
 #endif
 
 template <int NW>  // weight matrices per tile: 1 (gemm) or 2 (gate and up)
@@ -388,7 +391,7 @@ __device__ __forceinline__ void tile(const uint8_t* const (&W)[NW], long long ro
     __shared__ __align__(128) float smem[Cf::SMEM];
     __shared__ int last;
     const int r0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
-    // span: a multiple of 32 (k_gemm.SPLIT_STEP), of BK at the default stage width
+    // span: a multiple of 32 (k_gemm.SPLIT_STEP); of BK only where a stage takes 32
     const int S = split.part ? int(gridDim.z) : 1, span = K / S, k0 = span * int(blockIdx.z);
     const int nk = GEMM_STAGE_K > 32 ? (span + Cf::BK - 1) / Cf::BK : span / Cf::BK;
 

@@ -98,15 +98,6 @@ __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {  // plain
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// Accumulators the tf32 form's 12 dependent mma a chunk and fragment go to: 1 (every product into acc), 2 (lo.hi and
-// hi.lo beside hi.hi) or 3 (one each: chains of 4). For comparisons (scripts/variant.sh with EXTRA_NVCC=-DTCMV_SIDE=N):
-// registers on sm_90 (nvcc 13.0) tcmv3 q4_k_q6_k m16 86 -> 92 / 106, tcmv_swiglu q4_k m16 71 -> 80 / 94, no spills;
-// fewer blocks an SM then (tcmv m16 past 64 registers: 2 -> 1 at 3; tcmv3 and swiglu m16 3 -> 2), which the A/B mixes
-// in with the shorter chains. The f16 form (sm_75, larger tiles) is the same code at every setting.
-#ifndef TCMV_SIDE
-#define TCMV_SIDE 1
-#endif
-
 // Operands as tf32 halves (m16n8k8, sm_80 and later) for MT 16-token tiles and F fragments a warp with MT * F <= 2;
 // f16 halves on sm_75 and beyond that, where the tf32 fragments' registers (twice the f16 ones) spill.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -156,11 +147,9 @@ __device__ __forceinline__ void make_frag(const float (&w)[8], Frag<TF>& f) {
 // One 16-token tile through one chunk for F weight fragments (8 rows each): x0, x1 are this lane's 8 values of
 // tokens g and g + 8 (times norm_w when normed), split once for all F; acc[f][0..1] are token g's sums for fragment
 // f's rows 2q, 2q + 1, acc[f][2..3] token g + 8's.
-// The tf32 form's three mma a step go to acc, lo1 and lo2 (the caller passes acc for all three, or separate
-// accumulators to shorten the dependent chain: TCMV_SIDE, summed after the chunk loop).
 template <int F, bool TF>
 __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x1)[8], const Frag<TF> (&b)[F],
-                                           float (&acc)[F][4], float (&lo1)[F][4], float (&lo2)[F][4]) {
+                                           float (&acc)[F][4]) {
     if constexpr (TF) {
         // Step s (k8): slot q holds value 2s, slot q + 4 value 2s + 1 of the lane's 8.
 #pragma unroll
@@ -172,8 +161,8 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
             split_tf32(x1[2 * s + 1], ah[3], al[3]);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                mma_tf32(lo1[f], al, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
-                mma_tf32(lo2[f], ah, b[f].lo[2 * s], b[f].lo[2 * s + 1]);
+                mma_tf32(acc[f], al, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
+                mma_tf32(acc[f], ah, b[f].lo[2 * s], b[f].lo[2 * s + 1]);
                 mma_tf32(acc[f], ah, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
             }
         }
@@ -262,7 +251,6 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
 #pragma unroll
     for (int m = 0; m < MT; ++m) xo[m][0] = min(16 * m + g, n - 1) * K, xo[m][1] = min(16 * m + g + 8, n - 1) * K;
     float acc[MT][F][4] = {}, ss[MT][2] = {};
-    float lo1[MT][F][4] = {}, lo2[MT][F][4] = {};  // TCMV_SIDE's accumulators (unused, and gone, at 1)
     const int chunks = K >> 5;
     // Not unrolled: two chunks in flight for the 16- and 32-token tiles measured no faster on an H200 (2026-12-03,
     // scripts/bench_small_batch.py, a Qwen3-0.6B layer: n = 16 47.4 -> 47.0 us, n = 32 67.1 -> 70.2).
@@ -291,19 +279,8 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
                     x1[i] *= nw[i];
                 }
             }
-            if constexpr (TCMV_SIDE >= 3) tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m], lo1[m], lo2[m]);
-            else if constexpr (TCMV_SIDE == 2) tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m], lo1[m], lo1[m]);
-            else tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m], acc[m], acc[m]);
+            tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m]);
         }
-    }
-    if constexpr (TCMV_SIDE >= 2 && TF32<MT, F>) {  // (the f16 form keeps its own: lo1 and lo2 stay zero there)
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int f = 0; f < F; ++f)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    acc[m][f][i] += TCMV_SIDE >= 3 ? lo1[m][f][i] + lo2[m][f][i] : lo1[m][f][i];
     }
 
     if (staged) __syncthreads();  // every warp is done with the staged rows: red goes over them

@@ -15,15 +15,16 @@
 #              against the context length: 0.6B shape to its 40,959 positions, the hybrid to 65,535)
 #   synccost   scripts/sync_cost.py: a launch boundary (plain, programmatic) against a grid barrier, a stage
 #   release    the release kernel build (LINEINFO=0, as the image) into $RELEASE_DIR (/tmp/build-release; started
-#              in the background right after the development build, beside the stages before this one), then
-#              scripts/module_load_bench.py: cuModuleLoad per module, development build against release
-#   variants   the kernel A/Bs kept as compile-time switches: tc_matvec with TCMV_SIDE=3, gemm + moe with
-#              GEMM_STAGE_K=64 (scripts/variant.sh copies), each variant's kernel tests from its copy, then engine bench
+#              in the background right after the main build, beside the stages before this one), then
+#              scripts/module_load_bench.py: cuModuleLoad per module, main build against release (with LINEINFO=1
+#              for the main build: on an H200 the 8 base modules load in 99 ms with line tables, 19 without)
+#   variants   the kernel A/B kept as a compile-time switch: gemm + moe with GEMM_STAGE_K=32, the former stage width
+#              (a scripts/variant.sh copy), its kernel tests from its copy, then engine bench
 #              (warm) and engine profile --batch 13 / --batch 512, base and variants interleaved, two rounds
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
-#              (COLDAB_VARIANTS, default: base, release kernels if built, late upload, modules on first use, 64 and 32 MiB
-#              pieces, every kernel loaded with its module (CUDA_MODULE_LOADING=EAGER: not at its first use, inside the
-#              first prompt eval), the GPU torn down before the exit), interleaved, with warm and then dropped page caches
+#              (COLDAB_VARIANTS, default: base, release kernels if built, late upload, no readahead, modules on first
+#              use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and REFLEX_EXIT_RESET=1 from
+#              it), interleaved, with warm and then dropped page caches
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
 #              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel
 # Usage: STAGES="tests bench" scripts/device_run.sh
@@ -46,7 +47,9 @@ for d in .whl .whl-worker; do  # once per machine: several stages may run at onc
 done
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -1;
   python3 -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)'; } > "$OUT/env.txt" 2>&1
-[ -f kernels/build/manifest.json ] || CUDA_ARCHS=90 ./build_kernels.sh > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+# The image's build (no line tables: LINEINFO=0) unless asked otherwise (LINEINFO=1 for Nsight Compute's source view).
+[ -f kernels/build/manifest.json ] || CUDA_ARCHS=90 LINEINFO="${LINEINFO:-0}" ./build_kernels.sh > "$OUT/build.log" 2>&1 ||
+  { tail -50 "$OUT/build.log"; exit 1; }
 R="${RELEASE_DIR:-/tmp/build-release}"
 release_pid=""
 if [[ " $STAGES " == *" release "* && ! -f "$R/manifest.json" ]]; then  # beside the stages before it (8 cores)
@@ -130,16 +133,12 @@ for stage in $STAGES; do
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/variants.log" 2>&1
       # A variant runs only if it built and its kernel tests pass (a failed build would leave the base's fatbins in it).
       ok=(base)
-      EXTRA_NVCC=-DTCMV_SIDE=3 scripts/variant.sh make side3 kernels/tc_matvec.cu=kernels/tc_matvec.cu \
-        >> "$OUT/variants.log" 2>&1 &&
-        scripts/variant.sh run side3 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_tc_matvec.py \
-          > "$OUT/variant_tests_side3.log" 2>&1 && ok+=(side3)
-      EXTRA_NVCC=-DGEMM_STAGE_K=64 scripts/variant.sh make stage64 kernels/gemm.cu=kernels/gemm.cu \
+      EXTRA_NVCC=-DGEMM_STAGE_K=32 scripts/variant.sh make stage32 kernels/gemm.cu=kernels/gemm.cu \
         kernels/moe.cu=kernels/moe.cu >> "$OUT/variants.log" 2>&1 &&
-        scripts/variant.sh run stage64 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_gemm.py \
-          tests/test_cuda_moe.py > "$OUT/variant_tests_stage64.log" 2>&1 && ok+=(stage64)
-      tail -2 "$OUT"/variant_tests_*.log; echo "variants that built and passed: ${ok[*]}"
-      [ ${#ok[@]} = 3 ] || stage_exit=1
+        scripts/variant.sh run stage32 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_gemm.py \
+          tests/test_cuda_moe.py > "$OUT/variant_tests_stage32.log" 2>&1 && ok+=(stage32)
+      for f in "$OUT"/variant_tests_*.log; do tail -n 2 "$f"; done; echo "variants that built and passed: ${ok[*]}"
+      [ ${#ok[@]} = 2 ] || stage_exit=1
       for round in 1 2; do
         for v in "${ok[@]}"; do
           run=(python3 -m engine); [ $v = base ] || run=(scripts/variant.sh run $v python3 -m engine)
@@ -157,7 +156,7 @@ for stage in $STAGES; do
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/coldab.log" 2>&1
       python3 -m engine prepare "$m" >> "$OUT/coldab.log" 2>&1
       rel=""; [ -f "$R/manifest.json" ] && rel="--variant release=REFLEX_KERNEL_DIR=$R"
-      variants=${COLDAB_VARIANTS:-"--variant base= $rel --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0 --variant pieces64=REFLEX_UPLOAD_PIECE_MIB=64 --variant pieces32=REFLEX_UPLOAD_PIECE_MIB=32 --variant eager=CUDA_MODULE_LOADING=EAGER --variant exit_reset=REFLEX_EXIT_RESET=1"}
+      variants=${COLDAB_VARIANTS:-"--variant base= $rel --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant no_readahead=REFLEX_READAHEAD=0 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0"}
       timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-5}" $variants \
         --out "$OUT/cold_ab_warm.json" 2>> "$OUT/coldab.log" | tee "$OUT/cold_ab_warm.md" || stage_exit=$?
       timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-5}" $variants \

@@ -7,7 +7,7 @@
 #                                                 # build) and pyproject.toml copied, then each DEST (a path in the tree)
 #                                                 # replaced by SRC; a replaced kernels/<stem>.cu rebuilds that module,
 #                                                 # a replaced .cuh every module, for sm_$ARCH (default 90),
-#                                                 # with EXTRA_NVCC's flags (e.g. -DTCMV_SIDE=3); a file may
+#                                                 # with EXTRA_NVCC's flags (e.g. -DGEMM_STAGE_K=32); a file may
 #                                                 # replace itself (DEST=DEST) to rebuild it with those flags
 #   scripts/variant.sh run NAME CMD ...           # CMD in that copy, with its kernels: give it absolute paths
 #

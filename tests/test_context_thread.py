@@ -1,7 +1,7 @@
-"""The CUDA context's thread (engine/cuda/context.py) without a GPU: its jobs in order, a failed context, and who owns
-an early weight upload: the loader that takes it (only an upload of the file it opened), or, when the load goes
-another way (an error, the CPU backend, a worker that failed to load), whichever thread sees it last frees it,
-without the dropping thread waiting for it."""
+"""The CUDA context's thread (engine/cuda/context.py) without a GPU: its jobs in order, the early weight upload on a
+thread of its own beside them, a failed context, and who owns an early upload: the loader that takes it (only an
+upload of the file it opened), or, when the load goes another way (an error, the CPU backend, a worker that failed to
+load), whichever thread sees it last frees it, without the dropping thread waiting for it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine import cuda, gguf, prepare
+from engine import cuda, files, gguf, prepare
 from engine.config import ModelConfig
 from engine.cuda import context, driver, upload
 from engine.errors import CudaError, GGUFError
@@ -37,16 +37,34 @@ def test_jobs_run_in_order_on_the_context_thread_and_preload_is_the_last(fake, m
     loaded: list[str] = []
     monkeypatch.setattr(driver, "module", loaded.append)
     starter = context.ContextStarter(5)
-    order: list[str] = []
-    first = starter.submit(lambda: order.append(threading.current_thread().name) or "a")
-    starter.upload_early(lambda cancel: order.append("upload") or "b", then=("matvec",))
+    ran_on: dict[str, str] = {}
+    first = starter.submit(lambda: ran_on.setdefault("first", threading.current_thread().name) and "a")
+    starter.upload_early(lambda cancel: ran_on.setdefault("upload", threading.current_thread().name) and "b",
+                         then=("matvec",))  # fmt: skip
     starter.preload(("matvec", "attention"))
-    late = starter.submit(lambda: order.append("late"))
+    late = starter.submit(lambda: ran_on.setdefault("late", "?"))
     assert first.result() == "a" and starter.take_upload(lambda u: True) == "b"
     with pytest.raises(CudaError, match="no more work"):
         late.result()
     assert ended(starter)
-    assert order == ["cuda-context", "upload"] and loaded == ["matvec", "matvec", "attention"] and fake.contexts == {5}
+    assert ran_on == {"first": "cuda-context", "upload": "cuda-upload"}
+    assert loaded == ["matvec", "matvec", "attention"] and fake.contexts == {5}
+
+
+def test_the_early_upload_runs_beside_the_module_loads(fake, monkeypatch):  # noqa: F811
+    """The upload does not wait for the modules the context's thread loads, nor they for it."""
+    both = threading.Barrier(2, timeout=5)
+    monkeypatch.setattr(driver, "module", lambda name: both.wait())
+    starter = context.ContextStarter(0)
+
+    def meets_a_module_load(cancel):
+        starter.wait()
+        both.wait()
+        return "u"
+
+    starter.upload_early(meets_a_module_load, then=("matvec",))
+    starter.preload(())
+    assert starter.take_upload(lambda u: True) == "u" and ended(starter)
 
 
 def test_a_failed_context_fails_the_jobs_already_queued(monkeypatch):
@@ -58,7 +76,7 @@ def test_a_failed_context_fails_the_jobs_already_queued(monkeypatch):
 
     monkeypatch.setattr(driver, "start_context", refuse)
     starter = context.ContextStarter(0)
-    starter.upload_early(lambda cancel: pytest.fail("ran without a context"))  # queued before the failure
+    starter.upload_early(lambda cancel: starter.wait() and pytest.fail("ran without a context"))  # waits for it
     gate.set()
     with pytest.raises(CudaError, match="planted"):
         starter.wait()
@@ -82,7 +100,7 @@ def test_abandon_frees_a_finished_upload_at_once(fake):  # noqa: F811
     starter = context.ContextStarter(0)
     held = Held()
     starter.upload_early(lambda cancel: held)
-    starter.submit(lambda: None).result()  # the upload has finished
+    starter._upload.job.result()  # the upload has finished
     starter.abandon()
     assert held.freed_on == ["MainThread"] and ended(starter)
 
@@ -98,12 +116,13 @@ def test_abandon_does_not_wait_for_an_upload_in_flight_which_stops_and_frees_its
         return held
 
     starter.upload_early(slow)
+    early = starter._upload
     running.wait(5)
     t0 = time.perf_counter()
     starter.abandon()
     assert time.perf_counter() - t0 < 0.1
-    assert ended(starter)
-    assert cancelled == [True] and held.freed_on == ["cuda-context"]
+    assert ended(starter) and early.job.result() is None  # freed on its own thread, not handed to anyone
+    assert cancelled == [True] and held.freed_on == ["cuda-upload"]
 
 
 def test_a_failed_early_upload_leaves_the_upload_to_the_loader(fake, caplog):  # noqa: F811
@@ -126,7 +145,7 @@ def test_abandon_never_raises(fake):  # noqa: F811
 
     starter = context.ContextStarter(0)
     starter.upload_early(lambda cancel: Broken())
-    starter.submit(lambda: None).result()
+    starter._upload.job.result()
     starter.abandon()
     assert ended(starter)
 
@@ -156,7 +175,8 @@ def test_load_runner_takes_only_an_upload_of_the_file_it_opened(tmp_path, fake, 
 
     monkeypatch.setattr(upload, "DeviceWeights", weights)
     starter = context.ContextStarter(0)
-    starter.upload_early(lambda cancel: upload.early(path if which == "same" else other, 0, cancel))
+    read = path if which == "same" else other
+    starter.upload_early(lambda cancel: upload.early(read, files.cached_data_span(read)[0], 0, cancel))
     gf = prepare.open_model(path).file
     with pytest.raises(Stop):
         cuda.load_runner(ModelConfig.from_gguf(gf.metadata, gf.tensors), gf, 64, starter)

@@ -384,7 +384,7 @@ def assert_rows_close(got: np.ndarray, ref: np.ndarray, tol: tuple[float, float]
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_grouped_gemm(ggml_type: GGMLType, n: int, k: int, n_experts: int, swiglu: bool, seed: int) -> None:
     # R not a multiple of the 64-row tile; for 9 tokens K = 96 where the type's blocks allow it (a partial last stage
-    # where a stage takes 64 values: gemm_tile.cuh, GEMM_STAGE_K)
+    # of 64 values: gemm_tile.cuh, GEMM_STAGE_K)
     rows, cols = 96, 96 if n == 9 and BLOCK_SIZES[ggml_type][0] <= 32 else 256
     rng = np.random.default_rng(seed)
     ids, items = routed_ids(rng, n, n_experts, k, skew=n > 100), n * k

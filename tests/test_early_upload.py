@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from engine import cuda, gguf, gil, prepare
+from engine import cuda, files, gguf, gil, prepare
 from engine.cuda import context, driver, memory, upload
 from engine.errors import GGUFError
 from engine.worker import models
@@ -36,6 +36,11 @@ def model(tmp_path):
 def fake(monkeypatch):
     """The memory layer and the context on the host (FakeCuda.install)."""
     return FakeCuda().install(monkeypatch)
+
+
+def early(path: str, cancel: threading.Event | None = None) -> upload.Upload:
+    """upload.early from the data offset the cache records, as upload_early's thread calls it."""
+    return upload.early(path, prepare.cached_data_span(path)[0], 0, cancel)
 
 
 def section(path: str) -> bytes:
@@ -86,7 +91,7 @@ def test_a_damaged_cache_gives_no_span(model, damage):
 
 
 def test_the_early_upload_holds_the_tensor_data_and_matches_its_file(model, fake, tmp_path):
-    up = upload.early(model)
+    up = early(model)
     gf = gguf.read(model)
     assert ctypes.string_at(up.base, up.n_bytes) == section(model)
     assert up.matches(gf) and not fake.locked and not fake.streams
@@ -103,7 +108,7 @@ def test_the_early_upload_holds_the_tensor_data_and_matches_its_file(model, fake
 
 
 def test_an_upload_of_another_file_or_offset_or_state_is_not_taken(model, fake, tmp_path):
-    up = upload.early(model)
+    up = early(model)
     other = str(tmp_path / "other.gguf")
     shutil.copy(model, other)
     assert not up.matches(gguf.read(other))  # the same bytes, another file
@@ -112,7 +117,6 @@ def test_an_upload_of_another_file_or_offset_or_state_is_not_taken(model, fake, 
     assert not up.matches(gf)
     os.utime(model, ns=(1, 1))  # the file was changed after the upload read it
     assert not up.matches(gguf.read(model))
-    assert upload.early(str(tmp_path / "missing.gguf")) is None
     up.free()
 
 
@@ -138,7 +142,7 @@ def test_a_cancelled_upload_stops_and_frees_what_it_took(model, fake, monkeypatc
 
     monkeypatch.setattr(memory, "memcpy_async", copy_then_cancel)
     with pytest.raises(upload.Cancelled):
-        upload.early(model, 0, cancel)
+        early(model, cancel)
     assert len(fake.copies) == 1 and len(fake.mine()) == 1 and not fake.locked and not fake.streams
 
 
@@ -167,7 +171,7 @@ def test_upload_early_is_a_no_op_without_a_context_a_model_or_when_switched_off(
     s.abandon()
 
 
-def test_the_model_may_be_named_on_the_context_thread(starter, model):
+def test_the_model_may_be_named_on_the_upload_thread(starter, model):
     seen = []
 
     def local() -> str:
@@ -176,12 +180,42 @@ def test_the_model_may_be_named_on_the_context_thread(starter, model):
 
     cuda.upload_early(local)
     up = starter.take_upload(lambda u: u.matches(gguf.read(model)))
-    assert ctypes.string_at(up.base, up.n_bytes) == section(model) and seen == ["cuda-context"]
+    assert ctypes.string_at(up.base, up.n_bytes) == section(model) and seen == ["cuda-upload"]
     up.free()
 
 
+def test_the_file_starts_coming_off_disk_before_the_context_exists(fake, monkeypatch, model):
+    """The upload's thread asks for the tensor data at once (files.readahead), while the context is still being
+    created; a model without a prepare cache gives no early upload at all."""
+    asked, gate = [], threading.Event()
+    monkeypatch.setattr(files, "readahead", lambda *a: asked.append(a))
+    created = driver.start_context
+    monkeypatch.setattr(driver, "start_context", lambda device=0: gate.wait(5) and created(device))
+    monkeypatch.setattr(driver, "module", lambda name: None)
+    s = context.ContextStarter(0)
+    monkeypatch.setattr(cuda, "_prestarted", s)
+    cuda.upload_early(model)
+    for _ in range(500):
+        if asked:
+            break
+        threading.Event().wait(0.01)
+    offset, size = prepare.cached_data_span(model)
+    assert asked == [(model, offset, size - offset)] and not fake.contexts  # no context yet
+    gate.set()
+    up = s.take_upload(lambda u: True)
+    assert ctypes.string_at(up.base, up.n_bytes) == section(model)
+    up.free()
+    s.abandon()
+    os.unlink(prepare.cache_path(model))
+    s = context.ContextStarter(0)
+    monkeypatch.setattr(cuda, "_prestarted", s)
+    cuda.upload_early(model)
+    assert s.take_upload(lambda u: True) is None and len(asked) == 1 and len(fake.mine()) == 1  # the first only
+    s.abandon()
+
+
 def test_the_upload_holds_a_short_switch_interval_and_gives_it_back(starter, monkeypatch, model):
-    """The main thread runs Python while the context's thread uploads: a short switch interval while it does
+    """The main thread runs Python while the upload's thread uploads: a short switch interval while it does
     (engine/gil.py), Python's again after, also when another holder (the worker's import thread) overlaps it."""
     before = sys.getswitchinterval()
     seen = []

@@ -1,7 +1,8 @@
 """The CUDA context's thread: the primary context is created on it first thing in the process (engine/cuda.prestart),
-then it runs the jobs handed to it, in order: the weight upload of a model known that early (engine/cuda.upload_early)
-and the kernel modules the model runs (preload), so that they overlap the main thread's imports, model open and
-buffer set-up.
+then it runs the jobs handed to it, in order: the kernel modules every model runs and those of the model (preload), so
+that they overlap the main thread's imports, model open and buffer set-up. The weight upload of a model known that
+early (engine/cuda.upload_early) runs on a thread of its own beside it: it starts the file's read at once and copies
+once the context exists, while the modules load.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ class Job:
 
 class EarlyUpload:
     """The weight upload a ContextStarter runs before the model is opened (fn(cancel) -> an engine/cuda/upload.Upload
-    or None), and who owns it: the loader that takes it (take), or, when the load goes another way (drop), whoever
-    sees it last frees it: the context's thread when the upload is still running then, the dropping thread when it is
-    done. Exactly one of them does (the claim is made under one lock), and an upload still running stops at its next
-    piece (cancel)."""
+    or None, on a thread of its own, started at once: fn waits for the context itself, ContextStarter.wait), and who
+    owns it: the loader that takes it (take), or, when the load goes another way (drop), whoever sees it last frees
+    it: the upload's thread when the upload is still running then, the dropping thread when it is done. Exactly one of
+    them does (the claim is made under one lock), and an upload still running stops at its next piece (cancel)."""
 
     def __init__(self, starter: ContextStarter, fn):
         self.starter = starter
@@ -56,7 +57,8 @@ class EarlyUpload:
         self._result = None  # the finished upload, until claimed
         self._claimed = False  # taken by the loader, or freed
         self._dropped = False
-        self.job = starter.submit(lambda: self._run(fn))
+        self.job = Job(lambda: self._run(fn))
+        threading.Thread(target=self.job.run, name="cuda-upload", daemon=True).start()
 
     def _run(self, fn):
         upload = fn(self.cancel)
@@ -115,9 +117,10 @@ def _free(upload) -> None:
 
 class ContextStarter:
     """Creates the primary context of `device` on a background thread; `wait()` returns its start-up time. Once the
-    context exists the thread runs the jobs handed to it, in order: the weight upload when the model is known early
-    (`upload_early`), then the kernel modules named by `preload()` (the model's, known after the GGUF is open), so
-    that both overlap the main thread's imports, model open and buffer set-up."""
+    context exists the thread runs the jobs handed to it, in order: the kernel modules every model runs when the model
+    is known early (`upload_early`, whose weight upload runs beside them on a thread of its own), then those named by
+    `preload()` (the model's, known after the GGUF is open), so that all of it overlaps the main thread's imports,
+    model open and buffer set-up."""
 
     def __init__(self, device: int = 0):
         self.device = device
@@ -176,8 +179,9 @@ class ContextStarter:
         return job
 
     def upload_early(self, fn, then: tuple[str, ...] = ()) -> None:
-        """Start the weight upload fn(cancel) (engine/cuda/upload.early) on the thread, then load the kernel modules
-        `then` (those every model runs); load_runner takes the upload (take_upload)."""
+        """Start the weight upload fn(cancel) (engine/cuda/upload.early; fn waits for the context: `wait`) on a thread
+        of its own, and load the kernel modules `then` (those every model runs) on the context's thread meanwhile;
+        load_runner takes the upload (take_upload)."""
         if self._upload is None:
             self._upload = EarlyUpload(self, fn)
             if then and os.environ.get("REFLEX_MODULE_PRELOAD", "1") != "0":

@@ -10,9 +10,10 @@ a little slower; scripts/upload_bench.py). Where locking fails (some containers)
 pageable memory instead (2.0-2.4 s there). Each tensor is then a pointer into the allocation at its offset in the
 file, so quantized blocks reach the kernels exactly as llama.cpp's files store them.
 
-When the model is known at process start (the CLI's argument, the worker's local model) the upload runs on the CUDA
-context's thread as soon as the context exists (`early`, from the data offset the prepare cache records), beside the
-main thread's imports and model open; the loader takes it only if it `matches` the file it opened.
+When the model is known at process start (the CLI's argument, the worker's local model) the upload runs on a thread of
+its own as soon as the context exists (`early`, from the data offset the prepare cache records), beside the main
+thread's imports and model open and the context thread's module loads; the loader takes it only if it `matches` the
+file it opened.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from engine.errors import CudaError, GGUFError, env_int
 from engine.quants import BLOCK_SIZES
 from engine.timing import Stopwatch
 
-if TYPE_CHECKING:  # not imported at run time: the context's thread imports this module before the upload starts
+if TYPE_CHECKING:  # not imported at run time: the upload's thread imports this module before the upload starts
     from engine.gguf import GGUFFile, TensorInfo
 
 log = logging.getLogger(__name__)
@@ -175,16 +176,13 @@ def piece_bytes() -> int:
     return mib << 20 if mib else CHUNK_BYTES
 
 
-def early(path: str, device: int = 0, cancel: threading.Event | None = None) -> Upload | None:
-    """The tensor data of the model at `path` on the device, uploaded before the model is opened (on the CUDA
-    context's thread, as soon as the context exists: engine/cuda.upload_early), from the data offset its prepare cache
-    records; None without a usable cache. The loader takes it only if it `matches` the opened file."""
-    span = files.cached_data_span(path)
-    if span is None:
-        return None
+def early(path: str, data_offset: int, device: int = 0, cancel: threading.Event | None = None) -> Upload:
+    """The tensor data of the model at `path` on the device, uploaded before the model is opened (on a thread of its
+    own, as soon as the context exists: engine/cuda.upload_early) from `data_offset`, which its prepare cache records
+    (files.cached_data_span). The loader takes it only if it `matches` the opened file."""
     stream = memory.stream_create()
     try:
-        return Upload(path, span[0], stream, device, cancel)
+        return Upload(path, data_offset, stream, device, cancel)
     finally:
         memory.stream_destroy(stream)
 

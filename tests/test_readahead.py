@@ -1,0 +1,95 @@
+"""Advice that starts a file's bytes coming off disk before they are read (engine/files.py: readahead, advise): what
+is asked for, that it is only advice (never an error), REFLEX_READAHEAD=0, and the prepare cache's check asking for
+its header and samples at once."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+
+import pytest
+
+from engine import files, gguf, prepare
+from tests import conformance as C
+
+MODEL = C.fixture_path("qwen3-tiny-q8_0", ".gguf")
+
+
+class Mapping:
+    """A mapping stand-in that records its madvise calls."""
+
+    def __init__(self, size: int, fail: bool = False):
+        self.size, self.fail, self.calls = size, fail, []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def madvise(self, option: int, start: int, length: int) -> None:
+        if self.fail:
+            raise OSError(22, "planted")
+        self.calls.append((option, start, length))
+
+
+def test_readahead_asks_for_the_range_and_never_raises(tmp_path, monkeypatch):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10000)
+    asked = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: asked.append((offset, length, advice)))
+    files.readahead(str(path), 4096, 5000)
+    assert asked == [(4096, 5000, os.POSIX_FADV_WILLNEED)]
+    files.readahead(str(tmp_path / "missing"), 0, 10)  # nothing to open: nothing asked, nothing raised
+    files.readahead(str(path), 0, 0)
+    monkeypatch.setenv("REFLEX_READAHEAD", "0")
+    files.readahead(str(path), 0, 10)
+    assert len(asked) == 1
+
+    def refuse(*args):
+        raise OSError(29, "planted: a pipe")
+
+    monkeypatch.delenv("REFLEX_READAHEAD")
+    monkeypatch.setattr(os, "posix_fadvise", refuse)
+    files.readahead(str(path), 0, 10)
+
+
+def test_advise_asks_for_page_aligned_ranges_inside_the_mapping(monkeypatch):
+    page = mmap.PAGESIZE
+    mm = Mapping(10 * page)
+    files.advise(mm, [(0, 100), (3 * page + 5, 2 * page), (10 * page - 10, 1 << 20)])
+    assert mm.calls == [(mmap.MADV_WILLNEED, 0, 100), (mmap.MADV_WILLNEED, 3 * page, 2 * page + 5),
+                        (mmap.MADV_WILLNEED, 9 * page, page)]  # fmt: skip
+    files.advise(Mapping(page, fail=True), [(0, 10)])  # refused: only advice
+    monkeypatch.setenv("REFLEX_READAHEAD", "0")
+    off = Mapping(page)
+    files.advise(off, [(0, 10)])
+    assert off.calls == []
+
+
+def test_advise_on_a_real_mapping(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(3 * mmap.PAGESIZE + 7))
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    files.advise(mm, [(1, 10), (2 * mmap.PAGESIZE + 3, mmap.PAGESIZE)])
+    assert mm[:4] == path.read_bytes()[:4]
+    mm.close()
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_opening_through_the_cache_asks_for_the_header_and_every_sample_first(tmp_path, monkeypatch, cached):
+    path = str(tmp_path / "m.gguf")
+    shutil.copy(MODEL, path)
+    prepare.write_cache(path)
+    if not cached:
+        os.unlink(prepare.cache_path(path))
+    asked = []
+    monkeypatch.setattr(files, "advise", lambda mm, ranges: asked.append(sorted(ranges)))
+    opened = prepare.open_model(path)
+    if not cached:
+        assert asked == [] and not opened.cache_used
+        return
+    gf = gguf.read(path)
+    assert opened.cache_used and asked[0] == [(0, gf.data_offset)]
+    samples = asked[1]
+    assert len(samples) == prepare.SAMPLES + 1 and all(n == prepare.SAMPLE_BYTES for _, n in samples)
+    assert samples[0][0] == gf.data_offset and samples[-1][0] == gf.size - prepare.SAMPLE_BYTES
