@@ -2,7 +2,7 @@
 weight upload while the main thread still imports): which file, in which state (`identity`), and the prepare cache's
 layout (engine/prepare.py writes and checks the cache; the constants and the tentative read of its data span live here
 so that reading them imports nothing but the standard library's json and struct), and the advice that starts reading a
-file's bytes from disk before they are needed (`readahead`, `advise`).
+file's bytes from disk before they are needed (`advise`).
 """
 
 from __future__ import annotations
@@ -28,28 +28,13 @@ def prefetching() -> bool:
     return os.environ.get("REFLEX_READAHEAD", "1") != "0"
 
 
-def readahead(path: str, offset: int, length: int) -> None:
-    """Start reading bytes [offset, offset + length) of the file at `path` into the page cache, in the background
-    (posix_fadvise WILLNEED), so that whoever reads them later waits less: the weight upload, started this way at
-    process start, has its file coming off disk while the CUDA context is created. Advice only: never raises."""
-    if not prefetching() or length <= 0 or not hasattr(os, "posix_fadvise"):
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def advise(mm, ranges) -> None:
     """Ask for the (start, length) ranges of the read-only mapping `mm` all at once (madvise WILLNEED), before they
     are read one after another: on a cold page cache each range read through the mapping otherwise waits for the disk
-    alone (the prepare cache's 65 samples of the tensor data, for one). Advice only: never raises."""
+    alone (the prepare cache's 65 samples of the tensor data, for one: an H200 host, the 0.6B shape's open 296 -> 46 ms
+    with the model out of the page cache). Advice only: never raises.
+    Not for a whole tensor-data section: asked for at process start (posix_fadvise WILLNEED, 378 MB) it made the
+    upload reading the same bytes slower on that host, 136 -> 230 ms (2026-12-05)."""
     if not prefetching() or not hasattr(mm, "madvise"):
         return
     import mmap

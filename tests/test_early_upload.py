@@ -184,11 +184,12 @@ def test_the_model_may_be_named_on_the_upload_thread(starter, model):
     up.free()
 
 
-def test_the_file_starts_coming_off_disk_before_the_context_exists(fake, monkeypatch, model):
-    """The upload's thread asks for the tensor data at once (files.readahead), while the context is still being
-    created; a model without a prepare cache gives no early upload at all."""
+def test_the_upload_thread_reads_the_cache_before_the_context_exists(fake, monkeypatch, model):
+    """The upload's thread names the file and reads its cache's data span while the context is still being created;
+    a model without a prepare cache gives no early upload at all."""
     asked, gate = [], threading.Event()
-    monkeypatch.setattr(files, "readahead", lambda *a: asked.append(a))
+    span = files.cached_data_span
+    monkeypatch.setattr(files, "cached_data_span", lambda path: asked.append(path) or span(path))
     created = driver.start_context
     monkeypatch.setattr(driver, "start_context", lambda device=0: gate.wait(5) and created(device))
     monkeypatch.setattr(driver, "module", lambda name: None)
@@ -199,8 +200,7 @@ def test_the_file_starts_coming_off_disk_before_the_context_exists(fake, monkeyp
         if asked:
             break
         threading.Event().wait(0.01)
-    offset, size = prepare.cached_data_span(model)
-    assert asked == [(model, offset, size - offset)] and not fake.contexts  # no context yet
+    assert asked == [model] and not fake.contexts  # no context yet
     gate.set()
     up = s.take_upload(lambda u: True)
     assert ctypes.string_at(up.base, up.n_bytes) == section(model)
@@ -210,8 +210,7 @@ def test_the_file_starts_coming_off_disk_before_the_context_exists(fake, monkeyp
     s = context.ContextStarter(0)
     monkeypatch.setattr(cuda, "_prestarted", s)
     cuda.upload_early(model)
-    assert s.take_upload(lambda u: True) is None and len(asked) == 1 and len(fake.mine()) == 1  # the first only
-    s.abandon()
+    assert s.take_upload(lambda u: True) is None and len(fake.mine()) == 1  # the first upload only
 
 
 def test_the_upload_holds_a_short_switch_interval_and_gives_it_back(starter, monkeypatch, model):

@@ -1,6 +1,6 @@
-"""Advice that starts a file's bytes coming off disk before they are read (engine/files.py: readahead, advise): what
-is asked for, that it is only advice (never an error), REFLEX_READAHEAD=0, and the prepare cache's check asking for
-its header and samples at once."""
+"""Advice that starts a file's bytes coming off disk before they are read (engine/files.py, advise): what is asked
+for, that it is only advice (never an error), REFLEX_READAHEAD=0, and the prepare cache's check asking for its header
+and samples at once."""
 
 from __future__ import annotations
 
@@ -29,27 +29,6 @@ class Mapping:
         if self.fail:
             raise OSError(22, "planted")
         self.calls.append((option, start, length))
-
-
-def test_readahead_asks_for_the_range_and_never_raises(tmp_path, monkeypatch):
-    path = tmp_path / "f"
-    path.write_bytes(b"x" * 10000)
-    asked = []
-    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: asked.append((offset, length, advice)))
-    files.readahead(str(path), 4096, 5000)
-    assert asked == [(4096, 5000, os.POSIX_FADV_WILLNEED)]
-    files.readahead(str(tmp_path / "missing"), 0, 10)  # nothing to open: nothing asked, nothing raised
-    files.readahead(str(path), 0, 0)
-    monkeypatch.setenv("REFLEX_READAHEAD", "0")
-    files.readahead(str(path), 0, 10)
-    assert len(asked) == 1
-
-    def refuse(*args):
-        raise OSError(29, "planted: a pipe")
-
-    monkeypatch.delenv("REFLEX_READAHEAD")
-    monkeypatch.setattr(os, "posix_fadvise", refuse)
-    files.readahead(str(path), 0, 10)
 
 
 def test_advise_asks_for_page_aligned_ranges_inside_the_mapping(monkeypatch):

@@ -74,7 +74,6 @@ def upload_early(model) -> None:
     """Upload the weights of the GGUF at `model` (a path, or a function that returns one, or None for nothing, called
     on the upload's thread) as soon as the prestarted context exists, from the data offset its prepare cache records,
     while this thread imports and opens the model and the context's thread loads the kernel modules every model runs.
-    The file's tensor data starts coming off disk at once (files.readahead), during the context's creation.
     load_runner takes the upload when it is of the file it opened (else it is freed and the weights upload as usual).
     A no-op without a prestarted context, without a model, or with REFLEX_EARLY_UPLOAD=0."""
     if _prestarted is None or not model or os.environ.get("REFLEX_EARLY_UPLOAD", "1") == "0":
@@ -88,7 +87,6 @@ def upload_early(model) -> None:
         span = files.cached_data_span(path) if path else None
         if span is None:
             return None
-        files.readahead(path, span[0], span[1] - span[0])
         started.wait()  # the context, current on this thread (or its error)
         if cancel.is_set():
             return None

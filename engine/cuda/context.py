@@ -1,8 +1,8 @@
 """The CUDA context's thread: the primary context is created on it first thing in the process (engine/cuda.prestart),
 then it runs the jobs handed to it, in order: the kernel modules every model runs and those of the model (preload), so
 that they overlap the main thread's imports, model open and buffer set-up. The weight upload of a model known that
-early (engine/cuda.upload_early) runs on a thread of its own beside it: it starts the file's read at once and copies
-once the context exists, while the modules load.
+early (engine/cuda.upload_early) runs on a thread of its own beside it: it names the file and reads its cache at
+once, and copies once the context exists, while the modules load.
 """
 
 from __future__ import annotations
