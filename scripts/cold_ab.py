@@ -1,6 +1,6 @@
 """Cold system1 processes under several environment settings, interleaved round by round, on one machine: the
 settings' cold-start phases side by side (p50 and min over the rounds), for A/Bs of the cold path's switches
-(REFLEX_EARLY_UPLOAD, REFLEX_MODULE_PRELOAD, REFLEX_UPLOAD_PIECE_MIB, REFLEX_UPLOAD_THREADS, ...).
+(REFLEX_EARLY_UPLOAD, REFLEX_READAHEAD, REFLEX_MODULE_PRELOAD, REFLEX_UPLOAD_PIECE_MIB, REFLEX_UPLOAD_THREADS, ...).
 
     python scripts/cold_ab.py MODEL --rounds 7 --variant base= --variant late_upload=REFLEX_EARLY_UPLOAD=0 \\
         --variant pieces32=REFLEX_UPLOAD_PIECE_MIB=32 [--drop-page-cache] [--out ab.json]
@@ -33,7 +33,7 @@ from engine.tools.peer import Meter
 # The phases shown, in the order they happen on the main thread (then the thread's and the totals).
 ROWS = ["imports_ms", "gguf_open_ms", "cuda_init_wait_ms", "early_upload_wait_ms", "stream_ms", "weights_alloc_ms",
         "upload_ms", "host_register_ms", "buffers_ms", "model_load_ms", "prompt_eval_ms", "cuda_init_ms",
-        "process_start_to_ready_ms", "process_start_to_result_ms", "exit_reset_ms", "external_wall_ms",
+        "process_start_to_ready_ms", "process_start_to_result_ms", "external_wall_ms",
         "energy_j"]  # fmt: skip
 
 
@@ -69,9 +69,6 @@ def main() -> None:
             r = meter.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
             cold = cli_result(r.stdout, r.stderr, f"cold {name}")["cold_start"]
             cold.update(external_wall_ms=r.wall_ms, energy_j=r.energy_j)
-            for line in r.stderr.splitlines():  # REFLEX_EXIT_RESET=1's teardown before the exit (engine/tools/cli.py)
-                if line.startswith("exit_reset_ms "):
-                    cold["exit_reset_ms"] = float(line.split()[1])
             runs[name].append(cold)
     names = [name for name, _ in args.variant]
     print(f"| phase (p50 / min of {args.rounds}, ms) | " + " | ".join(names) + " |")

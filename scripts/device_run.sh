@@ -23,7 +23,7 @@
 #              (warm) and engine profile --batch 13 / --batch 512, base and variants interleaved, two rounds
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
 #              (COLDAB_VARIANTS, default: base, release kernels if built, late upload, no readahead, modules on first
-#              use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and REFLEX_EXIT_RESET=1 from
+#              use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit teardown from
 #              it), interleaved, with warm and then dropped page caches
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
 #              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel

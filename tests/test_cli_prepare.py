@@ -33,19 +33,6 @@ def test_system1_and_generate(tmp_path):
     assert out["cold_start"]["process_start_to_first_token_ms"] > 0
 
 
-def test_the_exit_reset_switch_keeps_the_answer_and_the_exit_code(monkeypatch):
-    """REFLEX_EXIT_RESET=1 (tearing the GPU's contexts down before the one-shot exit, for measuring) changes neither
-    the answer nor the exit code; it reports its time on stderr when the CUDA driver module was loaded."""
-    monkeypatch.setenv("REFLEX_EXIT_RESET", "1")
-    code, out, _ = run("system1", MODEL, "The capital of France is", "--candidate", " Paris", "--candidate", " Rome")
-    assert code == 0 and len(out["candidates"]) == 2
-    code, out, _ = run("generate", "/nonexistent/model.gguf", "hi")  # an error leaves the same way
-    assert code == 2 and out["error_kind"] == "gguf"
-    from engine.cuda import driver
-
-    assert driver.reset_contexts() >= 0.0  # no context made here: nothing to tear down, no error
-
-
 def test_errors_are_typed_with_exit_code_2(tmp_path):
     code, out, _ = run("system1", MODEL, "The capital of Fra", "--candidate", "nce")
     assert code == 2 and out["error_kind"] == "invalid_input"

@@ -64,22 +64,6 @@ def start_context(device: int = 0) -> None:
     check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
-def reset_contexts() -> float:
-    """Destroy every primary context this process made (all its memory, modules and streams with it) and return how
-    long that took, in ms: for comparing an explicit teardown before a one-shot CLI's exit with the one the driver does
-    when the process ends (REFLEX_EXIT_RESET=1, engine/tools/cli.py). Nothing may touch the GPU afterwards."""
-    import time
-
-    t0 = time.perf_counter()
-    with _ctx_lock:
-        for device in list(_primary):
-            dev = ctypes.c_int()
-            if libcuda().cuDeviceGet(ctypes.byref(dev), device) == 0:
-                libcuda().cuDevicePrimaryCtxReset(dev)
-            del _primary[device]
-    return (time.perf_counter() - t0) * 1000.0
-
-
 # -- programmatic dependent launch ---------------------------------------------------------------------------------
 # On sm_90+ the launches of a decode step carry CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 # (kernels/pdl.cuh): a kernel's launch overlaps the run of the one before, and its blocks wait on the device until
