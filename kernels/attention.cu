@@ -5,6 +5,7 @@
 #include "attention_common.cuh"
 #include "attention_decode.cuh"
 #include "attention_prefill.cuh"
+#include "attention_prefill_tc.cuh"
 
 // attn_decode over a float cache, attn_decode_f16 over a __half one (KV_CACHE_TYPE=f16): the same arguments.
 #define ATTN_DECODE(NAME, KV)                                                                                      \
@@ -79,3 +80,23 @@ attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml
 ATTN_PREFILL(attn_prefill, float)
 ATTN_PREFILL(attn_prefill_f16, __half)
 #undef ATTN_PREFILL
+
+// attn_prefill's attention on tensor cores, for hd = vd = 64 or 128 on sm_80 and later (engine/cuda/dispatch.py,
+// prefill_tc): the same arguments. grid (ceil(n / 64), H), block 128, dynamic shared memory
+// prefill_tc_smem_floats<hd, vd>() * 4 bytes. Below sm_80 there is no tf32 mma: it traps.
+#define ATTN_PREFILL_TC(NAME, KV)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
+        NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
+             const int* pos, int n, int H, int KVH, int hd, int vd, float scale, float* __restrict__ out) {        \
+        pdl::begin();                                                                                              \
+        extern __shared__ float4 dsm4[];                                                                           \
+        float* sm = reinterpret_cast<float*>(dsm4);                                                                \
+        if (TC_ATTENTION && hd == 128 && vd == 128)                                                                \
+            prefill_tc<128, 128>(q, k_cache, v_cache, *pos, n, H, KVH, scale, out, sm);                            \
+        else if (TC_ATTENTION && hd == 64 && vd == 64)                                                             \
+            prefill_tc<64, 64>(q, k_cache, v_cache, *pos, n, H, KVH, scale, out, sm);                              \
+        else                                                                                                       \
+            __trap();                                                                                              \
+    }
+ATTN_PREFILL_TC(attn_prefill_tc, float)
+ATTN_PREFILL_TC(attn_prefill_tc_f16, __half)

@@ -25,6 +25,17 @@ __device__ __forceinline__ float shfl_max(float v, int o) { return fmaxf(v, __sh
 // to local memory.
 __device__ __forceinline__ float pick(bool c, float a, float b) { return c ? a : b; }
 
+// The work item (query tile qt, head h) of this block of a prefill grid (query tiles, H), ranked by cost, heaviest
+// first: rank r is tile gridDim.x-1 - r/H of head r%H. Block L of the first half takes rank L and block L + N/2 the
+// complementary rank N-1-L, so the blocks that land together on an SM (blocks are dealt to SMs in order, round after
+// round) carry about the same total work.
+__device__ __forceinline__ void heaviest_first(int H, int& qt, int& h) {
+    const int N = gridDim.x * gridDim.y, L = blockIdx.x + gridDim.x * blockIdx.y, half = (N + 1) / 2;
+    const int r = L < half ? L : N - 1 - (L - half);
+    qt = gridDim.x - 1 - r / H;
+    h = r % H;
+}
+
 // 32 partial sums per lane in, one full sum per lane out: lane L returns the warp-wide sum of v[L].
 // Each xor step halves the values a lane holds (it keeps the half selected by its own lane bit and sends the other
 // half to its partner): 31 shuffles instead of 32 * 5. Recursion keeps every index a compile-time constant.

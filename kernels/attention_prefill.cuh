@@ -14,12 +14,9 @@ template <int NI, typename KV>
 __device__ __forceinline__ void prefill_rows(const float* __restrict__ q, const KV* __restrict__ kc,
                                              const KV* __restrict__ vc, int p0, int n, int H, int KVH, int hd,
                                              int vd, float scale, float* __restrict__ out, float* sm) {
-    // Work items (query tile, head) ranked by cost, heaviest first: rank r is tile nt-1 - r/H of head r%H. Block L
-    // of the first half takes rank L and block L + N/2 the complementary rank N-1-L, so the blocks that land
-    // together on an SM (blocks are dealt to SMs in order, round after round) carry about the same total work.
-    const int N = gridDim.x * gridDim.y, L = blockIdx.x + gridDim.x * blockIdx.y, half = (N + 1) / 2;
-    const int r = L < half ? L : N - 1 - (L - half);
-    const int qt = gridDim.x - 1 - r / H, h = r % H, g = h / (H / KVH);
+    int qt, h;
+    heaviest_first(H, qt, h);
+    const int g = h / (H / KVH);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kb = lane & 7, qa = lane >> 3;
     const int hdp = hd + 4, q0 = qt * 32, nq = min(32, n - q0);
     float* qs = sm;

@@ -34,6 +34,7 @@
 #include "pdl.cuh"
 #include "quant.cuh"
 #include "stage.cuh"
+#include "tf32.cuh"
 
 namespace {
 
@@ -107,23 +108,6 @@ constexpr bool TF32_ARCH = false;
 #endif
 template <int MT, int F>
 constexpr bool TF32 = TF32_ARCH && MT * F <= 2;
-
-// hi = v rounded to tf32's 10 mantissa bits (to nearest, ties away from zero: an add and a mask, where cvt.rna is a
-// longer sequence), lo = v - hi, exact in float (the mma reads its top 19 bits; |lo| <= 2^-11 |v|, so the pair holds
-// about 21 bits of v).
-__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
-    hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
-    lo = __float_as_uint(v - __uint_as_float(hi));
-}
-
-// d += A (16 x 8, row major) . B (8 x 8, column major), tf32 operands, f32 accumulators (sm_80 and later).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
 
 // One 8-row weight fragment's share of a chunk in this lane: its 8 values' hi and lo halves, in the mma's form:
 // tf32 halves of value i, or (TF = false) f16 halves of values (2i, 2i + 1).

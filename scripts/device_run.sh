@@ -21,6 +21,8 @@
 #   variants   the kernel A/B kept as a compile-time switch: gemm + moe with GEMM_STAGE_K=32, the former stage width
 #              (a scripts/variant.sh copy), its kernel tests from its copy, then engine bench
 #              (warm) and engine profile --batch 13 / --batch 512, base and variants interleaved, two rounds
+#   attntc     the tensor-core prefill attention (attn_prefill_tc, REFLEX_ATTN_TC=1): its kernel tests, then engine bench
+#              and engine profile (--batch 512 after 1 and 1,536 cached tokens) on and off, interleaved, twice
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
 #              (COLDAB_VARIANTS, default: base, release kernels if built, late upload, no readahead, modules on first
 #              use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit teardown from
@@ -151,6 +153,27 @@ for stage in $STAGES; do
             "$OUT/variant_bench_${v}_$round.json" $v $round 2>&1 | cut -c1-400
         done
       done ;;
+    attntc)
+      m=$PWD/bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
+      [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/attntc.log" 2>&1
+      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_attention.py -k "prefill" \
+        > "$OUT/attntc_tests.log" 2>&1 || stage_exit=1
+      tail -n 3 "$OUT/attntc_tests.log"
+      if [ $stage_exit = 0 ]; then  # the tensor-core prefill attention against attn_prefill, interleaved, two rounds
+        for round in 1 2; do
+          for tc in 0 1; do
+            REFLEX_ATTN_TC=$tc timeout 120 python3 -m engine bench "$m" > "$OUT/attntc_bench_${tc}_$round.json" \
+              2>> "$OUT/attntc.log"
+            for shape in "512 1" "512 1536"; do  # --batch, --prompt-tokens before it
+              set -- $shape
+              REFLEX_ATTN_TC=$tc timeout 120 python3 -m engine profile "$m" --repeats 10 --batch $1 --prompt-tokens $2 \
+                > "$OUT/attntc_profile_${tc}_b$1_p$2_$round.json" 2>> "$OUT/attntc.log"
+            done
+            python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['warm']; print(sys.argv[2], sys.argv[3], w['prefill_512'])" \
+              "$OUT/attntc_bench_${tc}_$round.json" "tc=$tc" $round 2>&1 | cut -c1-300
+          done
+        done
+      fi ;;
     coldab)
       m=bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/coldab.log" 2>&1

@@ -325,6 +325,41 @@ PREFILL_CASES = [(n, pos0) for n in (1, 2, 31, 32, 33, 100, 300) for pos0 in (0,
 @pytest.mark.parametrize("hd, vd, group", [(128, 128, 2), (64, 64, 1), (256, 256, 4), (96, 64, 8)])
 @pytest.mark.parametrize("kv", ["f4", "f2"])
 def test_attn_prefill(n: int, pos0: int, hd: int, vd: int, group: int, kv: str, seed: int) -> None:
+    check_prefill(ka.attn_prefill, n, pos0, hd, vd, group, kv, seed)
+
+
+@pytest.fixture
+def tensor_cores() -> None:
+    if driver.compute_major() < 8:
+        pytest.skip("attn_prefill_tc needs sm_80 or later")
+
+
+@pytest.mark.usefixtures("tensor_cores")
+@pytest.mark.parametrize("n, pos0", [*PREFILL_CASES, (65, 0), (128, 7), (200, 2000)])
+@pytest.mark.parametrize("hd, group", [(128, 2), (64, 1), (128, 8)])
+@pytest.mark.parametrize("kv", ["f4", "f2"])
+def test_attn_prefill_tc(n: int, pos0: int, hd: int, group: int, kv: str, seed: int) -> None:
+    """The tensor-core form against the same float64 reference and tolerance as attn_prefill: its split tf32
+    operands keep float32-level sums."""
+    check_prefill(ka.attn_prefill_tc, n, pos0, hd, hd, group, kv, seed)
+
+
+@pytest.mark.usefixtures("tensor_cores")
+def test_attn_prefill_tc_takes_its_head_dims_only_and_the_rule_picks_it(monkeypatch) -> None:
+    kc, vc, pos = DeviceArray.empty((64, 2, 96)), DeviceArray.empty((64, 2, 96)), dev(np.array([9]), np.int32)
+    n, H = dispatch.DECODE_TOKENS + 1, 4
+    q, out = DeviceArray.empty((n * H * 96,)), DeviceArray.empty((n * H * 96,))
+    with pytest.raises(CudaError, match="head dims 96/96"):
+        ka.attn_prefill_tc(q, kc, vc, pos, n, H, 2, 96, 96, 0.1, out)
+    part_o, part_ml = DeviceArray.empty((H, 32, 64)), DeviceArray.empty((H, 32, 2))
+    tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
+    monkeypatch.setenv("REFLEX_ATTN_TC", "1")
+    for hd, name in ((64, "attn_prefill_tc"), (96, "attn_prefill")):
+        launches = ka.attention_launches(q, kc, vc, pos, n, H, 2, hd, hd, 0.1, part_o, part_ml, tickets, out)
+        assert [launch.name.split(".")[-1] for launch in launches] == [name]
+
+
+def check_prefill(wrapper, n: int, pos0: int, hd: int, vd: int, group: int, kv: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     KVH = 2
     H, T, scale = KVH * group, pos0 + n, 1.0 / np.sqrt(hd)
@@ -333,7 +368,7 @@ def test_attn_prefill(n: int, pos0: int, hd: int, vd: int, group: int, kv: str, 
     v = kv_values(rng.standard_normal((T, KVH, vd)).astype(np.float32), kv)
     kc, vc, out = cache_with(k, T + 40, kv=kv), cache_with(v, T + 40, kv=kv), poisoned((n, H, vd))
     dq, pos = dev(q), dev(np.array([pos0]), np.int32)
-    run(ka.attn_prefill(dq, kc, vc, pos, n, H, KVH, hd, vd, scale, out))
+    run(wrapper(dq, kc, vc, pos, n, H, KVH, hd, vd, scale, out))
     assert np.array_equal(kc.to_host()[:T], k.astype(kc.to_host().dtype)), "the cache is read-only here"
     assert np.array_equal(vc.to_host()[:T], v.astype(vc.to_host().dtype)), "the cache is read-only here"
     ref = attention64(q, k, v, pos0, scale)

@@ -90,6 +90,14 @@ def test_short_batches_take_the_decode_attention(monkeypatch) -> None:
     assert dispatch.decode_tokens(1, 49) and not dispatch.decode_tokens(2, 49)
 
 
+def test_prefill_attention_takes_tensor_cores_only_when_asked_on_sm80_at_its_head_dims(monkeypatch) -> None:
+    assert not dispatch.prefill_tc(128, 128, 9)  # off until measured
+    monkeypatch.setenv("REFLEX_ATTN_TC", "1")
+    assert dispatch.prefill_tc(128, 128, 9) and dispatch.prefill_tc(64, 64, 8)
+    assert not dispatch.prefill_tc(128, 128, 7)  # sm_75: no tf32 mma
+    assert not any(dispatch.prefill_tc(hd, vd, 9) for hd, vd in ((256, 256), (96, 96), (192, 128), (128, 64)))
+
+
 def test_three_matrices_pack_padded_to_three() -> None:
     """matvec3 and tcmv3's shared packing: pointers, row bytes and rows of three matrices (a missing one: no rows),
     the outputs, the type tag (a pair's b last) and the blocks; the order rule's refusals name the kernel."""

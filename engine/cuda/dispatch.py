@@ -175,6 +175,19 @@ def decode_tokens(n: int, splits: int) -> bool:
     return n == 1 or n <= min(most, splits)
 
 
+# Past DECODE_TOKENS, a batch's attention on tensor cores (attn_prefill_tc: 64-query tiles, every operand in split
+# tf32 halves, three mma a product) rather than attn_prefill's float32 FMAs, for hd = vd in PREFILL_TC_DIMS on sm_80
+# and later. Off until measured (REFLEX_ATTN_TC=1: on): built 2026-12-05 without a GPU, after an H200 profile of the
+# Qwen3-0.6B shape's pp512 step put attn_prefill at 22 % of it (2.67 of 12.07 ms, 95 us a layer: ~11 TFLOPS).
+PREFILL_TC_DIMS = (64, 128)
+
+
+def prefill_tc(hd: int, vd: int, major: int) -> bool:
+    """Whether a batch past DECODE_TOKENS with head dims hd / vd, on a GPU of compute capability `major`, takes
+    attn_prefill_tc rather than attn_prefill."""
+    return os.environ.get("REFLEX_ATTN_TC", "0") == "1" and hd == vd and hd in PREFILL_TC_DIMS and major >= 8
+
+
 BLOCK_HEADS = 4  # q heads an attn_decode block scores at most when a kv head is shared among blocks
 
 

@@ -125,6 +125,16 @@ def attribute(attribute: int, device: int = 0) -> int:
     return _attribute(libcuda(), attribute, device)
 
 
+_majors: dict[int, int] = {}
+
+
+def compute_major(device: int = 0) -> int:
+    """The device's compute capability major (8: sm_80 and sm_86/89, 9: sm_90), read once."""
+    if device not in _majors:
+        _majors[device] = attribute(_CC_MAJOR, device)
+    return _majors[device]
+
+
 def device_info(device: int = 0) -> dict:
     lib = libcuda()
     name = ctypes.create_string_buffer(256)
