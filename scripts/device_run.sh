@@ -34,6 +34,7 @@
 #   RESULTS=/tmp/res STAGES="llamacpp models tests peer" setsid scripts/device_run.sh > /tmp/run.log 2>&1 &
 # then `sleep 100; scripts/device_poll.sh` again and again: a machine left without a command for ~30 s goes back.
 # Each stage appends "STAGE exit N" to RESULTS/progress (or $OUT/progress).
+# PACK=1: everything the stages wrote ends up in one results.tgz there (a device call brings back only a few files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${RESULTS:-${OUT:-device-out}}"
@@ -196,3 +197,6 @@ for stage in $STAGES; do
   status=$?  # the stage's last command (a stage that loops over models keeps its first failure in stage_exit)
   echo "$stage exit $((stage_exit ? stage_exit : status))" >> "$OUT/progress"
 done
+if [ "${PACK:-0}" = 1 ]; then
+  tar czf /tmp/device-run-pack.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/device-run-pack.tgz "$OUT/results.tgz"
+fi
