@@ -65,38 +65,40 @@ attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml
     out[(long long)h * vd + e] = o / wl;
 }
 
-// grid (ceil(n / 32), H), block 128, dynamic shared memory (2 * 32 * (hd + 4) + 32 * vd + 1056) * 4 bytes.
-// attn_prefill over a float cache, attn_prefill_f16 over a __half one: the same arguments.
-#define ATTN_PREFILL(NAME, KV)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
-        NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
-             const int* pos, int n, int H, int KVH, int hd, int vd, float scale, float* __restrict__ out) {        \
-        pdl::begin();                                                                                              \
-        extern __shared__ float4 dsm4[];                                                                           \
-        float* sm = reinterpret_cast<float*>(dsm4);                                                                \
-        if (vd <= 128) prefill_rows<1>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);              \
-        else prefill_rows<2>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, sm);                        \
-    }
-ATTN_PREFILL(attn_prefill, float)
-ATTN_PREFILL(attn_prefill_f16, __half)
-#undef ATTN_PREFILL
+// The prefill attention's two forms, one signature: attn_prefill (float32 FMAs, any head dims), attn_prefill_tc
+// (tensor cores, hd = vd = 64 or 128 on sm_80 and later: engine/cuda/dispatch.py, prefill_tc; below sm_80 there is
+// no tf32 mma, and at other dims it traps). Each has an entry point over a float cache and one over a __half cache
+// (_f16), with the same arguments.
+//   attn_prefill:    grid (ceil(n / 32), H), block 128, dynamic shared memory (2*32*(hd + 4) + 32*vd + 1056) * 4 B
+//   attn_prefill_tc: grid (ceil(n / 64), H), block 128, dynamic shared memory prefill_tc_smem_floats<hd, vd>() * 4 B
+template <typename KV>
+__device__ __forceinline__ void simt_form(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n, int H,
+                                          int KVH, int hd, int vd, float scale, float* out, float* sm) {
+    if (vd <= 128) prefill_rows<1>(q, k_cache, v_cache, p0, n, H, KVH, hd, vd, scale, out, sm);
+    else prefill_rows<2>(q, k_cache, v_cache, p0, n, H, KVH, hd, vd, scale, out, sm);
+}
 
-// attn_prefill's attention on tensor cores, for hd = vd = 64 or 128 on sm_80 and later (engine/cuda/dispatch.py,
-// prefill_tc): the same arguments. grid (ceil(n / 64), H), block 128, dynamic shared memory
-// prefill_tc_smem_floats<hd, vd>() * 4 bytes. Below sm_80 there is no tf32 mma: it traps.
-#define ATTN_PREFILL_TC(NAME, KV)                                                                                  \
+template <typename KV>
+__device__ __forceinline__ void tc_form(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n, int H,
+                                        int KVH, int hd, int vd, float scale, float* out, float* sm) {
+    if (TC_ATTENTION && hd == 128 && vd == 128)
+        prefill_tc<128, 128>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
+    else if (TC_ATTENTION && hd == 64 && vd == 64)
+        prefill_tc<64, 64>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
+    else
+        __trap();
+}
+
+#define ATTN_PREFILL(NAME, KV, FORM)                                                                               \
     extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
         NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
              const int* pos, int n, int H, int KVH, int hd, int vd, float scale, float* __restrict__ out) {        \
         pdl::begin();                                                                                              \
         extern __shared__ float4 dsm4[];                                                                           \
-        float* sm = reinterpret_cast<float*>(dsm4);                                                                \
-        if (TC_ATTENTION && hd == 128 && vd == 128)                                                                \
-            prefill_tc<128, 128>(q, k_cache, v_cache, *pos, n, H, KVH, scale, out, sm);                            \
-        else if (TC_ATTENTION && hd == 64 && vd == 64)                                                             \
-            prefill_tc<64, 64>(q, k_cache, v_cache, *pos, n, H, KVH, scale, out, sm);                              \
-        else                                                                                                       \
-            __trap();                                                                                              \
+        FORM<KV>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, reinterpret_cast<float*>(dsm4));        \
     }
-ATTN_PREFILL_TC(attn_prefill_tc, float)
-ATTN_PREFILL_TC(attn_prefill_tc_f16, __half)
+ATTN_PREFILL(attn_prefill, float, simt_form)
+ATTN_PREFILL(attn_prefill_f16, __half, simt_form)
+ATTN_PREFILL(attn_prefill_tc, float, tc_form)
+ATTN_PREFILL(attn_prefill_tc_f16, __half, tc_form)
+#undef ATTN_PREFILL

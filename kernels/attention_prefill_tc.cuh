@@ -93,7 +93,7 @@ __device__ __forceinline__ void prefill_tc(const float* __restrict__ q, const KV
                 uint32_t bh[2], bl[2];
                 split_tf32(kb[8 * j * HP + d], bh[0], bl[0]);
                 split_tf32(kb[8 * j * HP + d + 4], bh[1], bl[1]);
-                mma_tf32x3(s[j], ah, al, bh, bl);
+                mma_tf32x3(s[j], ah, al, bh[0], bh[1], bl[0], bl[1]);
             }
         }
         float corr[2];
@@ -138,7 +138,7 @@ __device__ __forceinline__ void prefill_tc(const float* __restrict__ q, const KV
                 uint32_t bh[2], bl[2];
                 split_tf32(vb[8 * i], bh[0], bl[0]);
                 split_tf32(vb[VP + 8 * i], bh[1], bl[1]);
-                mma_tf32x3(o[i], ah, al, bh, bl);
+                mma_tf32x3(o[i], ah, al, bh[0], bh[1], bl[0], bl[1]);
             }
         }
     }

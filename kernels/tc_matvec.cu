@@ -145,9 +145,7 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
             split_tf32(x1[2 * s + 1], ah[3], al[3]);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                mma_tf32(acc[f], al, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
-                mma_tf32(acc[f], ah, b[f].lo[2 * s], b[f].lo[2 * s + 1]);
-                mma_tf32(acc[f], ah, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
+                mma_tf32x3(acc[f], ah, al, b[f].hi[2 * s], b[f].hi[2 * s + 1], b[f].lo[2 * s], b[f].lo[2 * s + 1]);
             }
         }
     } else {

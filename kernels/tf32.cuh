@@ -27,10 +27,10 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 // d += A . B with both operands as split halves: three steps (lo.hi, hi.lo, then hi.hi; lo.lo is below float32
 // rounding), about 21 bits of each operand, float32 sums.
 __device__ __forceinline__ void mma_tf32x3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
-                                           const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
-    mma_tf32(d, al, bh[0], bh[1]);
-    mma_tf32(d, ah, bl[0], bl[1]);
-    mma_tf32(d, ah, bh[0], bh[1]);
+                                           uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_tf32(d, al, bh0, bh1);
+    mma_tf32(d, ah, bl0, bl1);
+    mma_tf32(d, ah, bh0, bh1);
 }
 
 }  // namespace

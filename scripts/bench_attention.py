@@ -2,8 +2,9 @@
 
     python scripts/bench_attention.py [--layers 28]
 
-Shapes are Qwen3-0.6B's (16 q heads, 8 kv heads, head_dim 128): attn_prefill of 512 tokens, attn_decode + combine at
-4096 keys (and shorter), qk_rope_kv and rmsnorm_rows of 512 tokens, and the sampler over a 151936-token vocabulary.
+Shapes are Qwen3-0.6B's (16 q heads, 8 kv heads, head_dim 128): attn_prefill (and attn_prefill_tc on sm_80+) of 512
+tokens at the start and after 1,536 cached ones, attn_decode + combine at 4096 keys (and shorter), qk_rope_kv and
+rmsnorm_rows of 512 tokens, and the sampler over a 151936-token vocabulary.
 """
 
 from __future__ import annotations
@@ -64,10 +65,15 @@ def main() -> None:
 
     n = 512
     q, out = rand((n, H * HD), rng), DeviceArray.empty((n, H * HD))
-    ms = timed([ka.attn_prefill(q, kc, vc, pos, n, H, KVH, HD, HD, scale, out)], stream)
-    flops = 4.0 * H * HD * n * (n + 1) / 2  # causal QK^T and PV
-    row(f"attn_prefill n={n}", ms, f"{flops / ms[0] / 1e9:.1f} TFLOP/s; x{args.layers} layers: "
-        f"{ms[0] * args.layers:.2f} ms")  # fmt: skip
+    forms = [("attn_prefill", False)] + ([("attn_prefill_tc", True)] if driver.compute_major() >= 8 else [])
+    for p0 in (0, 1536):  # a prompt's first chunk, and one after 1,536 cached tokens
+        pos.copy_from_host(np.array([p0], np.int32))
+        flops = 4.0 * H * HD * n * (p0 + (n + 1) / 2)  # causal QK^T and PV
+        for name, tc in forms:
+            ms = timed([ka.attn_prefill(q, kc, vc, pos, n, H, KVH, HD, HD, scale, out, tc=tc)], stream)
+            row(f"{name} n={n} after {p0}", ms, f"{flops / ms[0] / 1e9:.1f} TFLOP/s; x{args.layers} layers: "
+                f"{ms[0] * args.layers:.2f} ms")  # fmt: skip
+    pos.copy_from_host(np.array([0], np.int32))
     k, v = rand((n, KVH * HD), rng), rand((n, KVH * HD), rng)
     qn, kn = rand((HD,), rng), rand((HD,), rng)
     rope = knr.qk_rope_kv(q, k, v, n, H, KVH, HD, HD, qn, kn, 1e-6, HD, 1e6, 1.0, None, True, pos, kc, vc)

@@ -161,6 +161,7 @@ for stage in $STAGES; do
         > "$OUT/attntc_tests.log" 2>&1 || stage_exit=1
       tail -n 3 "$OUT/attntc_tests.log"
       if [ $stage_exit = 0 ]; then  # the tensor-core prefill attention against attn_prefill, interleaved, two rounds
+        timeout 120 python3 scripts/bench_attention.py > "$OUT/attntc_kernels.txt" 2>&1; head -4 "$OUT/attntc_kernels.txt"
         for round in 1 2; do
           for tc in 0 1; do
             REFLEX_ATTN_TC=$tc timeout 120 python3 -m engine bench "$m" > "$OUT/attntc_bench_${tc}_$round.json" \

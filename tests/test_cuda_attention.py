@@ -8,6 +8,7 @@ kernel may touch are poisoned too and must come back unchanged (writers) or must
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -341,7 +342,7 @@ def tensor_cores() -> None:
 def test_attn_prefill_tc(n: int, pos0: int, hd: int, group: int, kv: str, seed: int) -> None:
     """The tensor-core form against the same float64 reference and tolerance as attn_prefill: its split tf32
     operands keep float32-level sums."""
-    check_prefill(ka.attn_prefill_tc, n, pos0, hd, hd, group, kv, seed)
+    check_prefill(functools.partial(ka.attn_prefill, tc=True), n, pos0, hd, hd, group, kv, seed)
 
 
 @pytest.mark.usefixtures("tensor_cores")
@@ -350,7 +351,7 @@ def test_attn_prefill_tc_takes_its_head_dims_only_and_the_rule_picks_it(monkeypa
     n, H = dispatch.DECODE_TOKENS + 1, 4
     q, out = DeviceArray.empty((n * H * 96,)), DeviceArray.empty((n * H * 96,))
     with pytest.raises(CudaError, match="head dims 96/96"):
-        ka.attn_prefill_tc(q, kc, vc, pos, n, H, 2, 96, 96, 0.1, out)
+        ka.attn_prefill(q, kc, vc, pos, n, H, 2, 96, 96, 0.1, out, tc=True)
     part_o, part_ml = DeviceArray.empty((H, 32, 64)), DeviceArray.empty((H, 32, 2))
     tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
     monkeypatch.setenv("REFLEX_ATTN_TC", "1")

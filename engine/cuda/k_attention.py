@@ -124,8 +124,8 @@ def attention_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArra
     dispatch.decode_tokens takes n (the buffers as there), else one attn_prefill launch."""
     if dispatch.decode_tokens(n, part_o.shape[1]):
         return decode_launches(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, part_o, part_ml, counters, out, n)
-    prefill = attn_prefill_tc if dispatch.prefill_tc(hd, vd, driver.compute_major()) else attn_prefill
-    return [prefill(q, k_cache, v_cache, pos, n, H, KVH, hd, vd, scale, out)]
+    tc = dispatch.prefill_tc(hd, vd, driver.compute_major())
+    return [attn_prefill(q, k_cache, v_cache, pos, n, H, KVH, hd, vd, scale, out, tc=tc)]
 
 
 def decode_buffers(H: int, KVH: int, vd: int) -> tuple[DeviceArray, DeviceArray, DeviceArray]:
@@ -168,15 +168,25 @@ def prefill_tc_smem_bytes(hd: int, vd: int) -> int:
     return 4 * (64 * (hd + 4) + 32 * (hd + 4) + 32 * (vd + 4))
 
 
-def _prefill_launch(name: str, queries: int, smem: int, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
-                    pos: DeviceArray, n: int, H: int, KVH: int, hd: int, vd: int, scale: float,
-                    out: DeviceArray) -> Launch:  # fmt: skip
-    """A prefill attention launch (attn_prefill's arguments) of `queries`-query tiles a block."""
+def attn_prefill(
+    q: DeviceArray,  # (n, H*hd) f32: tokens at positions *pos .. *pos+n-1
+    k_cache: DeviceArray, v_cache: DeviceArray,  # this layer's, keys 0..*pos+n-1 written
+    pos: DeviceArray,  # (1,) i32
+    n: int, H: int, KVH: int, hd: int, vd: int, scale: float,
+    out: DeviceArray,  # (n, H*vd) f32
+    tc: bool = False,  # attn_prefill_tc: on tensor cores (sm_80 and later), hd = vd in dispatch.PREFILL_TC_DIMS
+) -> Launch:  # fmt: skip
     _heads(H, KVH, hd, vd)
+    if tc and (hd != vd or hd not in dispatch.PREFILL_TC_DIMS):
+        raise CudaError(f"attn_prefill_tc: head dims {hd}/{vd}, it takes equal ones in {dispatch.PREFILL_TC_DIMS}")
+    if tc and driver.compute_major() < 8:
+        raise CudaError("attn_prefill_tc: tf32 tensor cores need sm_80 or later")
     need(q, "q", "f4", n * H * hd, aligned=True)
     need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, n, KVH, hd, vd)
     need(out, "out", "f4", n * H * vd, aligned=True)
+    name, queries = ("attn_prefill_tc", 64) if tc else ("attn_prefill", 32)
+    smem = prefill_tc_smem_bytes(hd, vd) if tc else prefill_smem_bytes(hd, vd)
     fn = driver.module("attention").fn(kv_kernel(name, k_cache))
     if smem > 48 * 1024 and _smem_set.get(fn.value, 0) < smem:  # above 48 KiB a kernel must opt in, once
         driver.check(driver.libcuda().cuFuncSetAttribute(fn, _SMEM_OPTIN, smem), f"cuFuncSetAttribute({name})")
@@ -184,30 +194,3 @@ def _prefill_launch(name: str, queries: int, smem: int, q: DeviceArray, k_cache:
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             ptr(out)]  # fmt: skip
     return Launch(fn, ((n + queries - 1) // queries, H), (128,), args, smem=smem)
-
-
-def attn_prefill(
-    q: DeviceArray,  # (n, H*hd) f32: tokens at positions *pos .. *pos+n-1
-    k_cache: DeviceArray, v_cache: DeviceArray,  # this layer's, keys 0..*pos+n-1 written
-    pos: DeviceArray,  # (1,) i32
-    n: int, H: int, KVH: int, hd: int, vd: int, scale: float,
-    out: DeviceArray,  # (n, H*vd) f32
-) -> Launch:  # fmt: skip
-    return _prefill_launch("attn_prefill", 32, prefill_smem_bytes(hd, vd), q, k_cache, v_cache, pos, n, H, KVH, hd,
-                           vd, scale, out)  # fmt: skip
-
-
-def attn_prefill_tc(
-    q: DeviceArray,  # (n, H*hd) f32: tokens at positions *pos .. *pos+n-1
-    k_cache: DeviceArray, v_cache: DeviceArray,  # this layer's, keys 0..*pos+n-1 written
-    pos: DeviceArray,  # (1,) i32
-    n: int, H: int, KVH: int, hd: int, vd: int, scale: float,
-    out: DeviceArray,  # (n, H*vd) f32
-) -> Launch:  # fmt: skip
-    """attn_prefill on tensor cores (sm_80 and later), for hd = vd in dispatch.PREFILL_TC_DIMS."""
-    if hd != vd or hd not in dispatch.PREFILL_TC_DIMS:
-        raise CudaError(f"attn_prefill_tc: head dims {hd}/{vd}, it takes equal ones in {dispatch.PREFILL_TC_DIMS}")
-    if driver.compute_major() < 8:
-        raise CudaError("attn_prefill_tc: tf32 tensor cores need sm_80 or later")
-    return _prefill_launch("attn_prefill_tc", 64, prefill_tc_smem_bytes(hd, vd), q, k_cache, v_cache, pos, n, H, KVH,
-                           hd, vd, scale, out)  # fmt: skip
