@@ -21,8 +21,9 @@
 #   variants   the kernel A/B kept as a compile-time switch: gemm + moe with GEMM_STAGE_K=32, the former stage width
 #              (a scripts/variant.sh copy), its kernel tests from its copy, then engine bench
 #              (warm) and engine profile --batch 13 / --batch 512, base and variants interleaved, two rounds
-#   attntc     the tensor-core prefill attention (attn_prefill_tc, REFLEX_ATTN_TC=1): its kernel tests, then engine bench
-#              and engine profile (--batch 512 after 1 and 1,536 cached tokens) on and off, interleaved, twice
+#   attntc     the tensor-core prefill attention (attn_prefill_tc, REFLEX_ATTN_TC=1): its kernel tests, bench_attention.py,
+#              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
+#              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
 #              (COLDAB_VARIANTS, default: base, release kernels if built, late upload, no readahead, modules on first
 #              use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit teardown from
@@ -162,17 +163,19 @@ for stage in $STAGES; do
       tail -n 3 "$OUT/attntc_tests.log"
       if [ $stage_exit = 0 ]; then  # the tensor-core prefill attention against attn_prefill, interleaved, two rounds
         timeout 120 python3 scripts/bench_attention.py > "$OUT/attntc_kernels.txt" 2>&1; head -4 "$OUT/attntc_kernels.txt"
+        # off; on past DECODE_TOKENS; on for every batch (a system1 prompt's 13 tokens too, instead of attn_decode)
         for round in 1 2; do
-          for tc in 0 1; do
-            REFLEX_ATTN_TC=$tc timeout 120 python3 -m engine bench "$m" > "$OUT/attntc_bench_${tc}_$round.json" \
-              2>> "$OUT/attntc.log"
-            for shape in "512 1" "512 1536"; do  # --batch, --prompt-tokens before it
+          for v in "off REFLEX_ATTN_TC=0" "on REFLEX_ATTN_TC=1" "short REFLEX_ATTN_TC=1 REFLEX_DECODE_TOKENS=0"; do
+            set -- $v; name=$1; shift
+            env "$@" timeout 120 python3 -m engine bench "$m" > "$OUT/attntc_bench_${name}_$round.json" 2>> "$OUT/attntc.log"
+            for shape in "512 1" "512 1536" "13 64"; do  # --batch, --prompt-tokens before it
               set -- $shape
-              REFLEX_ATTN_TC=$tc timeout 120 python3 -m engine profile "$m" --repeats 10 --batch $1 --prompt-tokens $2 \
-                > "$OUT/attntc_profile_${tc}_b$1_p$2_$round.json" 2>> "$OUT/attntc.log"
+              env ${v#* } timeout 120 python3 -m engine profile "$m" --repeats 10 --batch $1 --prompt-tokens $2 \
+                > "$OUT/attntc_profile_${name}_b$1_p$2_$round.json" 2>> "$OUT/attntc.log"
             done
-            python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['warm']; print(sys.argv[2], sys.argv[3], w['prefill_512'])" \
-              "$OUT/attntc_bench_${tc}_$round.json" "tc=$tc" $round 2>&1 | cut -c1-300
+            python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['warm']; print(sys.argv[2], sys.argv[3],
+              w['system1_ms'], w['prefill_16'], w['prefill_512'])" "$OUT/attntc_bench_${name}_$round.json" $name $round \
+              2>&1 | cut -c1-400
           done
         done
       fi ;;
