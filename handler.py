@@ -22,13 +22,13 @@ from engine.cuda import prestart, upload_early
 
 
 def _local_model() -> str | None:
-    from engine.worker.models import local_path  # on the context's thread: its imports cost this one nothing
+    from engine.worker.models import local_path  # on the upload's thread: its imports cost this one little
 
     return local_path()
 
 
 prestart()  # the CUDA context is created on a thread while the rest imports and the model opens, as the CLI does
-upload_early(_local_model)  # then, on that thread, the weights of a model already on this machine
+upload_early(_local_model)  # and, on a thread beside it, the weights of a model already on this machine
 
 from engine.worker import serverless  # noqa: E402  (then the SDK import thread, which needs nothing else)
 

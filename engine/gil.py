@@ -1,7 +1,7 @@
 """The GIL's switch interval on the cold path (REFLEX_IMPORT_SWITCH_MS; "default": Python's 5 ms).
 
-A cold start runs Python imports on one thread beside a CUDA load on another: the weight upload on the CUDA context's
-thread while the main thread imports and opens the model (engine/cuda.upload_early), the model load on the main thread
+A cold start runs Python imports on one thread beside a CUDA load on another: the weight upload on its own thread
+while the main thread imports and opens the model (engine/cuda.upload_early), the model load on the main thread
 while the worker's import thread imports the SDK and the job schemas (engine/worker/serverless.RunpodImport). A CUDA
 load is many short ctypes / CuPy calls, each of which gives the GIL up, and taking it back from a thread that is
 running Python waits up to the switch interval. On the H200 (2026-12-01, the queue worker beside the bare engine)
