@@ -39,13 +39,15 @@ def advise(mm, ranges) -> None:
         return
     import mmap
 
-    page = mmap.PAGESIZE
+    page, size = mmap.PAGESIZE, len(mm)
     for start, length in ranges:
-        lo = start - start % page
         try:
-            mm.madvise(mmap.MADV_WILLNEED, lo, min(length + start - lo, len(mm) - lo))
-        except (OSError, ValueError):
-            return
+            lo = start - start % page
+            if length <= 0 or not 0 <= lo < size:
+                continue
+            mm.madvise(mmap.MADV_WILLNEED, lo, min(length + start - lo, size - lo))
+        except Exception:  # OSError, ValueError, OverflowError, TypeError: advice only, the next range may still go
+            continue
 
 
 def cache_path(model_path: str) -> str:

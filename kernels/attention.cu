@@ -65,29 +65,30 @@ attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml
     out[(long long)h * vd + e] = o / wl;
 }
 
-// The prefill attention's two forms, one signature: attn_prefill (float32 FMAs, any head dims), attn_prefill_tc
-// (tensor cores, hd = vd = 64 or 128 on sm_80 and later: engine/cuda/dispatch.py, prefill_tc; below sm_80 there is
-// no tf32 mma, and at other dims it traps). Each has an entry point over a float cache and one over a __half cache
-// (_f16), with the same arguments.
-//   attn_prefill:    grid (ceil(n / 32), H), block 128, dynamic shared memory (2*32*(hd + 4) + 32*vd + 1056) * 4 B
-//   attn_prefill_tc: grid (ceil(n / 64), H), block 128, dynamic shared memory prefill_tc_smem_floats<hd, vd>() * 4 B
-template <typename KV>
-__device__ __forceinline__ void simt_form(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n, int H,
-                                          int KVH, int hd, int vd, float scale, float* out, float* sm) {
-    if (vd <= 128) prefill_rows<1>(q, k_cache, v_cache, p0, n, H, KVH, hd, vd, scale, out, sm);
-    else prefill_rows<2>(q, k_cache, v_cache, p0, n, H, KVH, hd, vd, scale, out, sm);
-}
+// The prefill attention's forms, one signature: attn_prefill (float32 FMAs, any head dims), attn_prefill_tc{D}
+// (tensor cores, hd = vd = D = 64 or 128 on sm_80 and later: engine/cuda/dispatch.py, prefill_tc; an entry point a
+// head dim, so the 64 form is not held to the 128 form's registers; below sm_80 there is no tf32 mma, and at other
+// dims they trap). Each has an entry point over a float cache and one over a __half cache (_f16), same arguments.
+//   attn_prefill:      grid (ceil(n / 32), H), block 128, dynamic shared memory (2*32*(hd + 4) + 32*vd + 1056) * 4 B
+//   attn_prefill_tc{D}: grid (ceil(n / 64), H), block 128, dynamic shared memory prefill_tc_smem_floats<D, D>() * 4 B
+struct SimtForm {
+    template <typename KV>
+    static __device__ __forceinline__ void run(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n,
+                                               int H, int KVH, int hd, int vd, float scale, float* out, float* sm) {
+        if (vd <= 128) prefill_rows<1>(q, k_cache, v_cache, p0, n, H, KVH, hd, vd, scale, out, sm);
+        else prefill_rows<2>(q, k_cache, v_cache, p0, n, H, KVH, hd, vd, scale, out, sm);
+    }
+};
 
-template <typename KV>
-__device__ __forceinline__ void tc_form(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n, int H,
-                                        int KVH, int hd, int vd, float scale, float* out, float* sm) {
-    if (TC_ATTENTION && hd == 128 && vd == 128)
-        prefill_tc<128, 128>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
-    else if (TC_ATTENTION && hd == 64 && vd == 64)
-        prefill_tc<64, 64>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
-    else
-        __trap();
-}
+template <int D>
+struct TcForm {
+    template <typename KV>
+    static __device__ __forceinline__ void run(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n,
+                                               int H, int KVH, int hd, int vd, float scale, float* out, float* sm) {
+        if (TC_ATTENTION && hd == D && vd == D) prefill_tc<D, D>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
+        else __trap();
+    }
+};
 
 #define ATTN_PREFILL(NAME, KV, FORM)                                                                               \
     extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
@@ -95,10 +96,13 @@ __device__ __forceinline__ void tc_form(const float* q, const KV* k_cache, const
              const int* pos, int n, int H, int KVH, int hd, int vd, float scale, float* __restrict__ out) {        \
         pdl::begin();                                                                                              \
         extern __shared__ float4 dsm4[];                                                                           \
-        FORM<KV>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out, reinterpret_cast<float*>(dsm4));        \
+        FORM::template run<KV>(q, k_cache, v_cache, *pos, n, H, KVH, hd, vd, scale, out,                           \
+                               reinterpret_cast<float*>(dsm4));                                                    \
     }
-ATTN_PREFILL(attn_prefill, float, simt_form)
-ATTN_PREFILL(attn_prefill_f16, __half, simt_form)
-ATTN_PREFILL(attn_prefill_tc, float, tc_form)
-ATTN_PREFILL(attn_prefill_tc_f16, __half, tc_form)
+ATTN_PREFILL(attn_prefill, float, SimtForm)
+ATTN_PREFILL(attn_prefill_f16, __half, SimtForm)
+ATTN_PREFILL(attn_prefill_tc128, float, TcForm<128>)
+ATTN_PREFILL(attn_prefill_tc128_f16, __half, TcForm<128>)
+ATTN_PREFILL(attn_prefill_tc64, float, TcForm<64>)
+ATTN_PREFILL(attn_prefill_tc64_f16, __half, TcForm<64>)
 #undef ATTN_PREFILL

@@ -125,6 +125,36 @@ def test_abandon_does_not_wait_for_an_upload_in_flight_which_stops_and_frees_its
     assert cancelled == [True] and held.freed_on == ["cuda-upload"]
 
 
+def test_abandon_fails_the_jobs_still_queued(fake, monkeypatch):  # noqa: F811
+    """Modules queued for a context nobody will use are not loaded once the context exists."""
+    gate, loaded = threading.Event(), []
+    created = driver.start_context
+    monkeypatch.setattr(driver, "start_context", lambda device=0: gate.wait(5) and created(device))
+    monkeypatch.setattr(driver, "module", loaded.append)
+    starter = context.ContextStarter(0)
+    starter.preload(("matvec", "attention"))
+    queued = starter._jobs[0]
+    starter.abandon()
+    gate.set()
+    with pytest.raises(CudaError, match="given up"):
+        queued.result()
+    assert ended(starter) and loaded == []
+
+
+def test_a_refusal_that_raises_still_frees_the_upload(fake):  # noqa: F811
+    starter = context.ContextStarter(0)
+    held = Held()
+    starter.upload_early(lambda cancel: held)
+
+    def broken(upload):
+        raise GGUFError("planted")
+
+    with pytest.raises(GGUFError, match="planted"):
+        starter.take_upload(broken)
+    assert held.freed_on == ["MainThread"]
+    starter.abandon()
+
+
 def test_a_failed_early_upload_leaves_the_upload_to_the_loader(fake, caplog):  # noqa: F811
     starter = context.ContextStarter(0)
 

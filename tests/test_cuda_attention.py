@@ -355,7 +355,7 @@ def test_attn_prefill_tc_takes_its_head_dims_only_and_the_rule_picks_it(monkeypa
     part_o, part_ml = DeviceArray.empty((H, 32, 64)), DeviceArray.empty((H, 32, 2))
     tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
     monkeypatch.setenv("REFLEX_ATTN_TC", "1")
-    for hd, name in ((64, "attn_prefill_tc"), (96, "attn_prefill")):
+    for hd, name in ((64, "attn_prefill_tc64"), (96, "attn_prefill")):
         launches = ka.attention_launches(q, kc, vc, pos, n, H, 2, hd, hd, 0.1, part_o, part_ml, tickets, out)
         assert [launch.name.split(".")[-1] for launch in launches] == [name]
 

@@ -140,10 +140,19 @@ def test_a_cancelled_upload_stops_and_frees_what_it_took(model, fake, monkeypatc
         real(*args)
         cancel.set()  # after the first piece
 
+    locking = fake.host_register
+
+    def slow_lock(*args):  # 1 ms a piece, as paging a piece in off disk takes: the pieces outlast the cancel
+        threading.Event().wait(0.001)
+        locking(*args)
+
     monkeypatch.setattr(memory, "memcpy_async", copy_then_cancel)
+    monkeypatch.setattr(memory, "host_register", slow_lock)
     with pytest.raises(upload.Cancelled):
         early(model, cancel)
     assert len(fake.copies) == 1 and len(fake.mine()) == 1 and not fake.locked and not fake.streams
+    pieces = -(-(os.path.getsize(model) - prepare.cached_data_span(model)[0]) // upload._PAGE)
+    assert pieces > 100 and fake.lock_calls < 20  # the locking threads stopped too: the rest was not read
 
 
 # -- upload_early ----------------------------------------------------------------------------------------------

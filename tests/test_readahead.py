@@ -38,6 +38,9 @@ def test_advise_asks_for_page_aligned_ranges_inside_the_mapping(monkeypatch):
     assert mm.calls == [(mmap.MADV_WILLNEED, 0, 100), (mmap.MADV_WILLNEED, 3 * page, 2 * page + 5),
                         (mmap.MADV_WILLNEED, 9 * page, page)]  # fmt: skip
     files.advise(Mapping(page, fail=True), [(0, 10)])  # refused: only advice
+    odd = Mapping(10 * page)
+    files.advise(odd, [(20 * page, 5), (0, 0), (-page, 10), (2**70, 1), (page, 1)])
+    assert odd.calls == [(mmap.MADV_WILLNEED, page, 1)]  # the bad ranges skipped, the good one after them asked
     monkeypatch.setenv("REFLEX_READAHEAD", "0")
     off = Mapping(page)
     files.advise(off, [(0, 10)])
@@ -50,6 +53,7 @@ def test_advise_on_a_real_mapping(tmp_path):
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     files.advise(mm, [(1, 10), (2 * mmap.PAGESIZE + 3, mmap.PAGESIZE)])
+    files.advise(mm, [(1.5, 2), (2**70, 1), (0, 2**70)])  # a float, past any offset, past the end: nothing raised
     assert mm[:4] == path.read_bytes()[:4]
     mm.close()
 

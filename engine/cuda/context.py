@@ -85,7 +85,12 @@ class EarlyUpload:
             if upload is None or self._claimed:
                 return None
             self._claimed = True
-        if accept(upload):
+        try:
+            taken = accept(upload)
+        except BaseException:
+            _free(upload)
+            raise
+        if taken:
             return upload
         _log().info("the early weight upload was of another file or offset: uploading now")
         _free(upload)
@@ -196,8 +201,8 @@ class ContextStarter:
     def abandon(self) -> None:
         """The model will not load on this context (an error, or the CPU backend instead): the thread takes no more
         work, and an early upload nobody took stops and is freed (by whichever thread sees it last). Never raises and
-        never waits for the upload."""
-        self._close()
+        never waits for the upload; the jobs still queued (kernel modules) fail unrun."""
+        self._close(fail=CudaError("the CUDA load was given up"))
         early, self._upload = self._upload, None
         if early is not None:
             early.drop()

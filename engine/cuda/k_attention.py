@@ -185,7 +185,7 @@ def attn_prefill(
     need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, n, KVH, hd, vd)
     need(out, "out", "f4", n * H * vd, aligned=True)
-    name, queries = ("attn_prefill_tc", 64) if tc else ("attn_prefill", 32)
+    name, queries = (f"attn_prefill_tc{hd}", 64) if tc else ("attn_prefill", 32)
     smem = prefill_tc_smem_bytes(hd, vd) if tc else prefill_smem_bytes(hd, vd)
     fn = driver.module("attention").fn(kv_kernel(name, k_cache))
     if smem > 48 * 1024 and _smem_set.get(fn.value, 0) < smem:  # above 48 KiB a kernel must opt in, once

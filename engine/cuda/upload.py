@@ -106,8 +106,8 @@ class Upload:
         lock_ms: list[float] = []
 
         def lock(a: int, b: int) -> bool:
-            if refused.is_set():
-                return False
+            if refused.is_set() or (self.cancel is not None and self.cancel.is_set()):
+                return False  # a cancelled upload locks (and so reads off disk) nothing more
             with Stopwatch() as sw:
                 try:
                     memory.host_register(addr + a, b - a)
