@@ -49,7 +49,7 @@ for d in .whl .whl-worker; do  # once per machine: several stages may run at onc
     > "$OUT/pip$d.log" 2>&1 || { cat "$OUT/pip$d.log"; exit 1; }
   touch /tmp/site/.installed$d
 done
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; nvcc --version | tail -1;
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,persistence_mode --format=csv; nvcc --version | tail -1;
   python3 -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)'; } > "$OUT/env.txt" 2>&1
 # The image's build (no line tables: LINEINFO=0) unless asked otherwise (LINEINFO=1 for Nsight Compute's source view).
 [ -f kernels/build/manifest.json ] || CUDA_ARCHS=90 LINEINFO="${LINEINFO:-0}" ./build_kernels.sh > "$OUT/build.log" 2>&1 ||
