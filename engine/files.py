@@ -23,19 +23,14 @@ def identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def prefetching() -> bool:
-    """Whether to ask the kernel for bytes before they are read (REFLEX_READAHEAD=0: never, for comparisons)."""
-    return os.environ.get("REFLEX_READAHEAD", "1") != "0"
-
-
 def advise(mm, ranges) -> None:
     """Ask for the (start, length) ranges of the read-only mapping `mm` all at once (madvise WILLNEED), before they
     are read one after another: on a cold page cache each range read through the mapping otherwise waits for the disk
     alone (the prepare cache's 65 samples of the tensor data, for one: an H200 host, the 0.6B shape's open 296 -> 46 ms
-    with the model out of the page cache). Advice only: never raises.
+    with the model out of the page cache). Advice only: never raises; REFLEX_READAHEAD=0 asks for nothing (comparisons).
     Not for a whole tensor-data section: asked for at process start (posix_fadvise WILLNEED, 378 MB) it made the
     upload reading the same bytes slower on that host, 136 -> 230 ms (2026-12-05)."""
-    if not prefetching() or not hasattr(mm, "madvise"):
+    if os.environ.get("REFLEX_READAHEAD", "1") == "0" or not hasattr(mm, "madvise"):
         return
     import mmap
 

@@ -51,7 +51,7 @@ class EarlyUpload:
     them does (the claim is made under one lock), and an upload still running stops at its next piece (cancel)."""
 
     def __init__(self, starter: ContextStarter, fn):
-        self.starter = starter
+        self.device = starter.device
         self.cancel = threading.Event()
         self._lock = threading.Lock()
         self._result = None  # the finished upload, until claimed
@@ -106,7 +106,7 @@ class EarlyUpload:
             self._claimed = self._claimed or upload is not None
         if upload is not None:
             try:
-                driver.start_context(self.starter.device)  # this thread may not have made it current yet
+                driver.start_context(self.device)  # this thread may not have made it current yet
             except Exception as e:  # no context: nothing of it to free either
                 _log().info("the early weight upload is left to the process's end: %s", e)
                 return
