@@ -25,12 +25,14 @@ def identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
 
 def advise(mm, ranges) -> None:
     """Ask for the (start, length) ranges of the read-only mapping `mm` all at once (madvise WILLNEED), before they
-    are read one after another: on a cold page cache each range read through the mapping otherwise waits for the disk
-    alone (the prepare cache's 65 samples of the tensor data, for one: an H200 host, the 0.6B shape's open 296 -> 46 ms
-    with the model out of the page cache). Advice only: never raises; REFLEX_READAHEAD=0 asks for nothing (comparisons).
-    Not for a whole tensor-data section: asked for at process start (posix_fadvise WILLNEED, 378 MB) it made the
-    upload reading the same bytes slower on that host, 136 -> 230 ms (2026-12-05)."""
-    if os.environ.get("REFLEX_READAHEAD", "1") == "0" or not hasattr(mm, "madvise"):
+    are read one after another. Off unless REFLEX_READAHEAD=1 (comparisons): on an H200 host with the 0.6B shape out
+    of the page cache it made the prepare cache's check fast (open 288 -> 42 ms) but the whole cold start slower,
+    process start to result 464 -> 575 ms p50 of 7 (2026-12-05, scripts/cold_ab.py): unasked, the check's own faults
+    read the file while the CUDA context is being created, and the upload then finds it cached (126 against 251 ms).
+    With the page cache warm it changed nothing (351 against 352 ms). Asked for a whole tensor-data section at
+    process start (posix_fadvise WILLNEED, 378 MB), it slowed the upload reading the same bytes, 136 -> 230 ms.
+    Advice only: never raises."""
+    if os.environ.get("REFLEX_READAHEAD", "0") != "1" or not hasattr(mm, "madvise"):
         return
     import mmap
 

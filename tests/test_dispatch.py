@@ -90,12 +90,13 @@ def test_short_batches_take_the_decode_attention(monkeypatch) -> None:
     assert dispatch.decode_tokens(1, 49) and not dispatch.decode_tokens(2, 49)
 
 
-def test_prefill_attention_takes_tensor_cores_only_when_asked_on_sm80_at_its_head_dims(monkeypatch) -> None:
-    assert not dispatch.prefill_tc(128, 128, 9)  # off until measured
-    monkeypatch.setenv("REFLEX_ATTN_TC", "1")
+def test_prefill_attention_takes_tensor_cores_on_sm80_at_its_head_dims_unless_turned_off(monkeypatch) -> None:
+    monkeypatch.delenv("REFLEX_ATTN_TC", raising=False)
     assert dispatch.prefill_tc(128, 128, 9) and dispatch.prefill_tc(64, 64, 8)
     assert not dispatch.prefill_tc(128, 128, 7)  # sm_75: no tf32 mma
     assert not any(dispatch.prefill_tc(hd, vd, 9) for hd, vd in ((256, 256), (96, 96), (192, 128), (128, 64)))
+    monkeypatch.setenv("REFLEX_ATTN_TC", "0")  # comparisons
+    assert not dispatch.prefill_tc(128, 128, 9)
 
 
 def test_three_matrices_pack_padded_to_three() -> None:

@@ -1,6 +1,6 @@
 """Advice that starts a file's bytes coming off disk before they are read (engine/files.py, advise): what is asked
-for, that it is only advice (never an error), REFLEX_READAHEAD=0, and the prepare cache's check asking for its header
-and samples at once."""
+for, that it is only advice (never an error), off unless REFLEX_READAHEAD=1, and the prepare cache's check asking for
+its header and samples at once."""
 
 from __future__ import annotations
 
@@ -31,7 +31,12 @@ class Mapping:
         self.calls.append((option, start, length))
 
 
-def test_advise_asks_for_page_aligned_ranges_inside_the_mapping(monkeypatch):
+@pytest.fixture
+def readahead(monkeypatch):
+    monkeypatch.setenv("REFLEX_READAHEAD", "1")
+
+
+def test_advise_asks_for_page_aligned_ranges_inside_the_mapping(monkeypatch, readahead):
     page = mmap.PAGESIZE
     mm = Mapping(10 * page)
     files.advise(mm, [(0, 100), (3 * page + 5, 2 * page), (10 * page - 10, 1 << 20)])
@@ -41,13 +46,17 @@ def test_advise_asks_for_page_aligned_ranges_inside_the_mapping(monkeypatch):
     odd = Mapping(10 * page)
     files.advise(odd, [(20 * page, 5), (0, 0), (-page, 10), (2**70, 1), (page, 1)])
     assert odd.calls == [(mmap.MADV_WILLNEED, page, 1)]  # the bad ranges skipped, the good one after them asked
-    monkeypatch.setenv("REFLEX_READAHEAD", "0")
-    off = Mapping(page)
+    for unasked in ("0", ""):  # off unless asked for
+        monkeypatch.setenv("REFLEX_READAHEAD", unasked)
+        off = Mapping(page)
+        files.advise(off, [(0, 10)])
+        assert off.calls == []
+    monkeypatch.delenv("REFLEX_READAHEAD")
     files.advise(off, [(0, 10)])
     assert off.calls == []
 
 
-def test_advise_on_a_real_mapping(tmp_path):
+def test_advise_on_a_real_mapping(tmp_path, readahead):
     path = tmp_path / "f"
     path.write_bytes(os.urandom(3 * mmap.PAGESIZE + 7))
     with open(path, "rb") as f:

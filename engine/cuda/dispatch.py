@@ -177,15 +177,17 @@ def decode_tokens(n: int, splits: int) -> bool:
 
 # Past DECODE_TOKENS, a batch's attention on tensor cores (attn_prefill_tc: 64-query tiles, every operand in split
 # tf32 halves, three mma a product) rather than attn_prefill's float32 FMAs, for hd = vd in PREFILL_TC_DIMS on sm_80
-# and later. Off until measured (REFLEX_ATTN_TC=1: on): built 2026-12-05 without a GPU, after an H200 profile of the
-# Qwen3-0.6B shape's pp512 step put attn_prefill at 22 % of it (2.67 of 12.07 ms, 95 us a layer: ~11 TFLOPS).
+# and later (REFLEX_ATTN_TC=0: never, for comparisons). Tuned on an H200, 2026-12-05 (scripts/bench_attention.py,
+# engine profile): 512 queries at hd 128 after 0 / 1,536 cached keys 80.4 -> 68.7 / 401 -> 267 us a layer; the 0.6B
+# shape's pp512 step 11.82 -> 11.50 ms and 512 after 1,536 20.86 -> 18.29 ms. Not below it: the 13-token system1
+# step after 64 took 1.287 -> 1.542 ms on it instead of attn_decode (REFLEX_DECODE_TOKENS=0).
 PREFILL_TC_DIMS = (64, 128)
 
 
 def prefill_tc(hd: int, vd: int, major: int) -> bool:
     """Whether a batch past DECODE_TOKENS with head dims hd / vd, on a GPU of compute capability `major`, takes
     attn_prefill_tc rather than attn_prefill."""
-    return os.environ.get("REFLEX_ATTN_TC", "0") == "1" and hd == vd and hd in PREFILL_TC_DIMS and major >= 8
+    return os.environ.get("REFLEX_ATTN_TC", "1") != "0" and hd == vd and hd in PREFILL_TC_DIMS and major >= 8
 
 
 BLOCK_HEADS = 4  # q heads an attn_decode block scores at most when a kv head is shared among blocks
