@@ -1,8 +1,8 @@
 """Cheap facts about a model's files, read before the heavy imports (the CUDA context's thread uses them to start the
 weight upload while the main thread still imports): which file, in which state (`identity`), and the prepare cache's
 layout (engine/prepare.py writes and checks the cache; the constants and the tentative read of its data span live here
-so that reading them imports nothing but the standard library's json and struct), and the advice that starts reading a
-file's bytes from disk before they are needed (`advise`).
+so that reading them imports nothing but the standard library's json and struct), and what starts a file's bytes
+coming off disk before they are needed (`prefetch`, `advise`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,33 @@ def identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     """Which file, in which state: device, inode, size, modification and change times (GGUFFile.identity; the CUDA
     upload compares it with the file it read)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+PREFETCH_CHUNK = 8 << 20  # bytes a prefetch read asks for at once
+
+
+def prefetch(path: str, start: int, stop, chunk: int = PREFETCH_CHUNK) -> int:
+    """Read the file at `path` from `start` on, a chunk at a time in file order, until its end or until stop() holds
+    (checked before every chunk), so that its bytes are in the page cache when they are read for real: the early
+    weight upload's thread does this while it waits for the CUDA context (engine/cuda.upload_early), time that is
+    otherwise idle, and stops when the context exists. On a cold page cache the disk then works during the context's
+    creation; on a warm one it costs a copy on an idle thread. The bytes read (0 with REFLEX_PREFETCH=0, for
+    comparisons). Never raises: the upload reads the file itself either way."""
+    if os.environ.get("REFLEX_PREFETCH", "1") == "0":
+        return 0
+    done = 0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(start)
+            buf = bytearray(chunk)
+            while not stop():
+                n = f.readinto(buf)  # the GIL released while the disk works
+                if not n:
+                    break
+                done += n
+    except (OSError, ValueError):  # gone, unreadable, a bad offset: the upload meets it and says so
+        pass
+    return done
 
 
 def advise(mm, ranges) -> None:

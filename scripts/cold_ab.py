@@ -32,8 +32,8 @@ from engine.tools.peer import Meter
 
 # The phases shown, in the order they happen on the main thread (then the thread's and the totals).
 ROWS = ["imports_ms", "gguf_open_ms", "cuda_init_wait_ms", "early_upload_wait_ms", "stream_ms", "weights_alloc_ms",
-        "upload_ms", "host_register_ms", "buffers_ms", "model_load_ms", "prompt_eval_ms", "cuda_init_ms",
-        "process_start_to_ready_ms", "process_start_to_result_ms", "external_wall_ms",
+        "prefetch_mib", "upload_ms", "host_register_ms", "buffers_ms", "model_load_ms", "prompt_eval_ms",
+        "cuda_init_ms", "process_start_to_ready_ms", "process_start_to_result_ms", "external_wall_ms",
         "energy_j"]  # fmt: skip
 
 

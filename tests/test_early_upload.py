@@ -222,6 +222,35 @@ def test_the_upload_thread_reads_the_cache_before_the_context_exists(fake, monke
     assert s.take_upload(lambda u: True) is None and len(fake.mine()) == 1  # the first upload only
 
 
+def test_the_upload_thread_reads_the_file_ahead_until_the_context_exists(fake, monkeypatch, model):
+    """While the context is being created the upload's thread reads the tensor data ahead (files.prefetch), asked to
+    stop once the context exists; how much it read is in the upload's record."""
+    seen, gate = [], threading.Event()
+    real = files.prefetch
+
+    def spy(path, start, stop, chunk=files.PREFETCH_CHUNK):
+        seen.append((path, start, stop, stop()))
+        read = real(path, start, stop, chunk=4096)
+        gate.set()  # the context only now: the whole section was read first
+        return read
+
+    monkeypatch.setattr(files, "prefetch", spy)
+    created = driver.start_context
+    monkeypatch.setattr(driver, "start_context", lambda device=0: gate.wait(5) and created(device))
+    monkeypatch.setattr(driver, "module", lambda name: None)
+    s = context.ContextStarter(0)
+    monkeypatch.setattr(cuda, "_prestarted", s)
+    cuda.upload_early(model)
+    up = s.take_upload(lambda u: True)
+    gf = gguf.read(model)
+    [(path, start, stop, stopped_before)] = seen
+    assert (path, start, stopped_before) == (model, gf.data_offset, False)
+    assert stop() and up.stats["prefetch_mib"] * 2**20 == gf.size - gf.data_offset  # the context exists: stop
+    assert ctypes.string_at(up.base, up.n_bytes) == section(model)
+    up.free()
+    s.abandon()
+
+
 def test_the_upload_holds_a_short_switch_interval_and_gives_it_back(starter, monkeypatch, model):
     """The main thread runs Python while the upload's thread uploads: a short switch interval while it does
     (engine/gil.py), Python's again after, also when another holder (the worker's import thread) overlaps it."""

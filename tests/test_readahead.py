@@ -1,6 +1,6 @@
-"""Advice that starts a file's bytes coming off disk before they are read (engine/files.py, advise): what is asked
-for, that it is only advice (never an error), off unless REFLEX_READAHEAD=1, and the prepare cache's check asking for
-its header and samples at once."""
+"""What starts a file's bytes coming off disk before they are read (engine/files.py): the prefetch's reads and when
+it stops; the advice (advise): what is asked for, that it is only advice (never an error), off unless
+REFLEX_READAHEAD=1, and the prepare cache's check asking for its header and samples at once."""
 
 from __future__ import annotations
 
@@ -14,6 +14,26 @@ from engine import files, gguf, prepare
 from tests import conformance as C
 
 MODEL = C.fixture_path("qwen3-tiny-q8_0", ".gguf")
+
+
+def test_prefetch_reads_from_its_start_to_the_end_until_told_to_stop(tmp_path, monkeypatch):
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(10_000))
+    assert files.prefetch(str(path), 1_000, lambda: False, chunk=4096) == 9_000  # 4096 + 4096 + 808
+    checks = []
+    assert files.prefetch(str(path), 0, lambda: checks.append(1) or len(checks) > 2, chunk=4096) == 8192
+    assert files.prefetch(str(path), 0, lambda: True) == 0  # the context already exists: nothing read
+    assert files.prefetch(str(path), 20_000, lambda: False) == 0  # past the end
+    monkeypatch.setenv("REFLEX_PREFETCH", "0")
+    assert files.prefetch(str(path), 0, lambda: False) == 0
+
+
+def test_prefetch_never_raises(tmp_path):
+    assert files.prefetch(str(tmp_path / "gone"), 0, lambda: False) == 0
+    assert files.prefetch(str(tmp_path), 0, lambda: False) == 0  # a directory
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    assert files.prefetch(str(path), -5, lambda: False) == 0  # a bad offset
 
 
 class Mapping:

@@ -73,7 +73,8 @@ def prestart_cli(argv: list[str]) -> None:
 def upload_early(model) -> None:
     """Upload the weights of the GGUF at `model` (a path, or a function that returns one, or None for nothing, called
     on the upload's thread) as soon as the prestarted context exists, from the data offset its prepare cache records,
-    while this thread imports and opens the model and the context's thread loads the kernel modules every model runs.
+    while this thread imports and opens the model and the context's thread loads the kernel modules every model runs;
+    until the context exists, the file is read ahead into the page cache (files.prefetch).
     load_runner takes the upload when it is of the file it opened (else it is freed and the weights upload as usual).
     A no-op without a prestarted context, without a model, or with REFLEX_EARLY_UPLOAD=0."""
     if _prestarted is None or not model or os.environ.get("REFLEX_EARLY_UPLOAD", "1") == "0":
@@ -87,6 +88,7 @@ def upload_early(model) -> None:
         span = files.cached_data_span(path) if path else None
         if span is None:
             return None
+        read = files.prefetch(path, span[0], lambda: started.ready() or cancel.is_set())
         started.wait()  # the context, current on this thread (or its error)
         if cancel.is_set():
             return None
@@ -94,10 +96,12 @@ def upload_early(model) -> None:
 
         held = gil.hold()  # the main thread runs Python meanwhile: each CUDA call takes the GIL back sooner
         try:
-            return up.early(path, span[0], started.device, cancel)
+            upload = up.early(path, span[0], started.device, cancel)
         finally:
             if held:
                 gil.release()
+        upload.stats["prefetch_mib"] = read / 2**20
+        return upload
 
     started.upload_early(upload, then=BASE_MODULES)
 

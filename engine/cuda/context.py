@@ -214,6 +214,10 @@ class ContextStarter:
             self.submit(lambda: _load_modules(names))
         self._close()
 
+    def ready(self) -> bool:
+        """Whether the context's creation has ended (in a context, or in an error that `wait` raises)."""
+        return self._started.is_set()
+
     def wait(self) -> float:
         self._started.wait()
         if self.error is not None:
