@@ -193,18 +193,24 @@ def test_the_model_may_be_named_on_the_upload_thread(starter, model):
     up.free()
 
 
-def test_the_upload_thread_reads_the_cache_before_the_context_exists(fake, monkeypatch, model):
-    """The upload's thread names the file and reads its cache's data span while the context is still being created;
-    a model without a prepare cache gives no early upload at all."""
-    asked, gate = [], threading.Event()
-    span = files.cached_data_span
-    monkeypatch.setattr(files, "cached_data_span", lambda path: asked.append(path) or span(path))
+def gated_upload(monkeypatch, gate: threading.Event, model: str) -> context.ContextStarter:
+    """upload_early(model) on a prestarted context whose creation waits for `gate`."""
     created = driver.start_context
     monkeypatch.setattr(driver, "start_context", lambda device=0: gate.wait(5) and created(device))
     monkeypatch.setattr(driver, "module", lambda name: None)
     s = context.ContextStarter(0)
     monkeypatch.setattr(cuda, "_prestarted", s)
     cuda.upload_early(model)
+    return s
+
+
+def test_the_upload_thread_reads_the_cache_before_the_context_exists(fake, monkeypatch, model):
+    """The upload's thread names the file and reads its cache's data span while the context is still being created;
+    a model without a prepare cache gives no early upload at all."""
+    asked, gate = [], threading.Event()
+    span = files.cached_data_span
+    monkeypatch.setattr(files, "cached_data_span", lambda path: asked.append(path) or span(path))
+    s = gated_upload(monkeypatch, gate, model)
     for _ in range(500):
         if asked:
             break
@@ -235,12 +241,7 @@ def test_the_upload_thread_reads_the_file_ahead_until_the_context_exists(fake, m
         return read
 
     monkeypatch.setattr(files, "prefetch", spy)
-    created = driver.start_context
-    monkeypatch.setattr(driver, "start_context", lambda device=0: gate.wait(5) and created(device))
-    monkeypatch.setattr(driver, "module", lambda name: None)
-    s = context.ContextStarter(0)
-    monkeypatch.setattr(cuda, "_prestarted", s)
-    cuda.upload_early(model)
+    s = gated_upload(monkeypatch, gate, model)
     up = s.take_upload(lambda u: True)
     gf = gguf.read(model)
     [(path, start, stop, stopped_before)] = seen
