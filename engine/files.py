@@ -30,10 +30,12 @@ def prefetch(path: str, start: int, stop, chunk: int = PREFETCH_CHUNK) -> int:
     """Read the file at `path` from `start` on, a chunk at a time in file order, until its end or until stop() holds
     (checked before every chunk), so that its bytes are in the page cache when they are read for real: the early
     weight upload's thread does this while it waits for the CUDA context (engine/cuda.upload_early), time that is
-    otherwise idle, and stops when the context exists. On a cold page cache the disk then works during the context's
-    creation; on a warm one it costs a copy on an idle thread. The bytes read (0 with REFLEX_PREFETCH=0, for
-    comparisons). Never raises: the upload reads the file itself either way."""
-    if os.environ.get("REFLEX_PREFETCH", "1") == "0":
+    otherwise idle, and stops when the context exists. On a cold page cache the disk would then work during the
+    context's creation (the prepare cache's check, reading its samples unadvised, made the cold start faster that way:
+    see `advise`); on a warm one it costs a copy on an idle thread. Off until measured on a GPU host (REFLEX_PREFETCH=1:
+    on; scripts/device_run.sh's coldab stage compares both): the bytes read, 0 when off. Never raises: the upload
+    reads the file itself either way."""
+    if os.environ.get("REFLEX_PREFETCH", "0") != "1":
         return 0
     done = 0
     try:

@@ -25,7 +25,7 @@
 #              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
 #              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
-#              (COLDAB_VARIANTS, default: base, release kernels if built, no prefetch, late upload, readahead, modules on first
+#              (COLDAB_VARIANTS, default: base, release kernels if built, prefetch, late upload, readahead, modules on first
 #              use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit teardown from
 #              it), interleaved, with warm and then dropped page caches
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
@@ -184,7 +184,7 @@ for stage in $STAGES; do
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/coldab.log" 2>&1
       python3 -m engine prepare "$m" >> "$OUT/coldab.log" 2>&1
       rel=""; [ -f "$R/manifest.json" ] && rel="--variant release=REFLEX_KERNEL_DIR=$R"
-      variants=${COLDAB_VARIANTS:-"--variant base= $rel --variant no_prefetch=REFLEX_PREFETCH=0 --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant readahead=REFLEX_READAHEAD=1 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0"}
+      variants=${COLDAB_VARIANTS:-"--variant base= $rel --variant prefetch=REFLEX_PREFETCH=1 --variant late_upload=REFLEX_EARLY_UPLOAD=0 --variant readahead=REFLEX_READAHEAD=1 --variant modules_on_use=REFLEX_MODULE_PRELOAD=0"}
       timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-5}" $variants \
         --out "$OUT/cold_ab_warm.json" 2>> "$OUT/coldab.log" | tee "$OUT/cold_ab_warm.md" || stage_exit=$?
       timeout "${COLDAB_TIMEOUT:-300}" python3 scripts/cold_ab.py "$m" --rounds "${COLD_RUNS:-5}" $variants \

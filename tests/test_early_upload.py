@@ -229,8 +229,9 @@ def test_the_upload_thread_reads_the_cache_before_the_context_exists(fake, monke
 
 
 def test_the_upload_thread_reads_the_file_ahead_until_the_context_exists(fake, monkeypatch, model):
-    """While the context is being created the upload's thread reads the tensor data ahead (files.prefetch), asked to
-    stop once the context exists; how much it read is in the upload's record."""
+    """Asked to (REFLEX_PREFETCH=1), the upload's thread reads the tensor data ahead while the context is being
+    created (files.prefetch), told to stop once the context exists; how much it read is in the upload's record."""
+    monkeypatch.setenv("REFLEX_PREFETCH", "1")
     seen, gate = [], threading.Event()
     real = files.prefetch
 

@@ -17,6 +17,7 @@ MODEL = C.fixture_path("qwen3-tiny-q8_0", ".gguf")
 
 
 def test_prefetch_reads_from_its_start_to_the_end_until_told_to_stop(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEX_PREFETCH", "1")
     path = tmp_path / "f"
     path.write_bytes(os.urandom(10_000))
     assert files.prefetch(str(path), 1_000, lambda: False, chunk=4096) == 9_000  # 4096 + 4096 + 808
@@ -24,11 +25,15 @@ def test_prefetch_reads_from_its_start_to_the_end_until_told_to_stop(tmp_path, m
     assert files.prefetch(str(path), 0, lambda: checks.append(1) or len(checks) > 2, chunk=4096) == 8192
     assert files.prefetch(str(path), 0, lambda: True) == 0  # the context already exists: nothing read
     assert files.prefetch(str(path), 20_000, lambda: False) == 0  # past the end
-    monkeypatch.setenv("REFLEX_PREFETCH", "0")
+    for unasked in ("0", ""):  # off unless asked for
+        monkeypatch.setenv("REFLEX_PREFETCH", unasked)
+        assert files.prefetch(str(path), 0, lambda: False) == 0
+    monkeypatch.delenv("REFLEX_PREFETCH")
     assert files.prefetch(str(path), 0, lambda: False) == 0
 
 
-def test_prefetch_never_raises(tmp_path):
+def test_prefetch_never_raises(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEX_PREFETCH", "1")
     assert files.prefetch(str(tmp_path / "gone"), 0, lambda: False) == 0
     assert files.prefetch(str(tmp_path), 0, lambda: False) == 0  # a directory
     path = tmp_path / "f"

@@ -74,7 +74,7 @@ def upload_early(model) -> None:
     """Upload the weights of the GGUF at `model` (a path, or a function that returns one, or None for nothing, called
     on the upload's thread) as soon as the prestarted context exists, from the data offset its prepare cache records,
     while this thread imports and opens the model and the context's thread loads the kernel modules every model runs;
-    until the context exists, the file is read ahead into the page cache (files.prefetch).
+    until the context exists, the file may be read ahead into the page cache (files.prefetch, REFLEX_PREFETCH=1).
     load_runner takes the upload when it is of the file it opened (else it is freed and the weights upload as usual).
     A no-op without a prestarted context, without a model, or with REFLEX_EARLY_UPLOAD=0."""
     if _prestarted is None or not model or os.environ.get("REFLEX_EARLY_UPLOAD", "1") == "0":
