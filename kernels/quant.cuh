@@ -6,6 +6,9 @@
 // has 11 significant bits, a sub-scale times a quant or grid value at most 12 more; engine/cpu/dequant.py has the
 // argument). Loads are no wider than each block's alignment within a row allows (Q8_0, Q4_0, Q5_0, Q6_K, Q3_K, the
 // IQ2/IQ3 types, IQ1_S, IQ4_NL, TQ1_0 and TQ2_0 blocks are only 2-byte aligned, MXFP4's 17-byte ones not at all).
+// Q8_0, Q4_K and Q5_K also have `load8_affine(row, g, q, scale, offset)`: the same 8 values as small integers q[0..7]
+// (exact in float and in tf32) with the scale and offset their 32-value group shares, value = scale * q + offset
+// (load8 is that, in one rounding); tc_matvec.cu's TCMV_AFFINE form feeds the integers to the tensor cores.
 // This file: the float types, the 32-value legacy types and Q4_K..Q6_K; quant_lowbit.cuh: Q2_K, Q3_K, TQ1_0, TQ2_0;
 // quant_iq.cuh: the codebook types (i-quants, MXFP4).
 #pragma once
@@ -66,16 +69,22 @@ template <> struct Quant<BF16> {
 // Q8_0, 34 bytes: | d: f16 | qs: int8[32] |            y[i] = d * qs[i]
 template <> struct Quant<Q8_0> {
     static constexpr int QK = 32, BYTES = 34;
-    __device__ static void load8(const uint8_t* row, int g, float* out) {
+    __device__ static void load8_affine(const uint8_t* row, int g, float* q, float& scale, float& offset) {
         const uint8_t* b = row + (g >> 2) * BYTES;
-        const float d = h2f(b);
         const uint8_t* qs = b + 2 + 8 * (g & 3);
         uint32_t w0 = u16x2(qs), w1 = u16x2(qs + 4);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            out[i] = d * float(int8_t(w0 >> (8 * i)));
-            out[4 + i] = d * float(int8_t(w1 >> (8 * i)));
+            q[i] = float(int8_t(w0 >> (8 * i)));
+            q[4 + i] = float(int8_t(w1 >> (8 * i)));
         }
+        scale = h2f(b), offset = 0.f;
+    }
+    __device__ static void load8(const uint8_t* row, int g, float* out) {
+        float d, zero;
+        load8_affine(row, g, out, d, zero);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] *= d;
     }
 };
 
@@ -155,19 +164,25 @@ template <> struct Quant<Q5_1> {
 // (sub-block 2c+1); y = d*sc*q - dmin*m with the sub-block's 6-bit scale and min.
 template <> struct Quant<Q4_K> {
     static constexpr int QK = 256, BYTES = 144;
-    __device__ static void load8(const uint8_t* row, int g, float* out) {
+    __device__ static void load8_affine(const uint8_t* row, int g, float* q, float& scale, float& offset) {
         const uint8_t* b = row + (g >> 5) * BYTES;
         const int gi = g & 31, c = gi >> 3, sub = (gi >> 2) & 1, l0 = (gi & 3) * 8;
         float sc, m;
         scale_min_k4(b + 4, 2 * c + sub, sc, m);
-        const float d = h2f(b) * sc, dm = h2f(b + 2) * m;
+        scale = h2f(b) * sc, offset = -(h2f(b + 2) * m);
         const uint2 w = *reinterpret_cast<const uint2*>(b + 16 + 32 * c + l0);
         const int shift = 4 * sub;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            out[i] = d * float((w.x >> (8 * i + shift)) & 0xF) - dm;
-            out[4 + i] = d * float((w.y >> (8 * i + shift)) & 0xF) - dm;
+            q[i] = float((w.x >> (8 * i + shift)) & 0xF);
+            q[4 + i] = float((w.y >> (8 * i + shift)) & 0xF);
         }
+    }
+    __device__ static void load8(const uint8_t* row, int g, float* out) {
+        float d, o;
+        load8_affine(row, g, out, d, o);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = fmaf(d, out[i], o);
     }
 };
 
@@ -175,20 +190,26 @@ template <> struct Quant<Q4_K> {
 // As Q4_K, plus a 5th bit: value 64c+l takes bit 2c of qh[l], value 64c+32+l bit 2c+1.
 template <> struct Quant<Q5_K> {
     static constexpr int QK = 256, BYTES = 176;
-    __device__ static void load8(const uint8_t* row, int g, float* out) {
+    __device__ static void load8_affine(const uint8_t* row, int g, float* q, float& scale, float& offset) {
         const uint8_t* b = row + (g >> 5) * BYTES;
         const int gi = g & 31, c = gi >> 3, sub = (gi >> 2) & 1, l0 = (gi & 3) * 8;
         float sc, m;
         scale_min_k4(b + 4, 2 * c + sub, sc, m);
-        const float d = h2f(b) * sc, dm = h2f(b + 2) * m;
+        scale = h2f(b) * sc, offset = -(h2f(b + 2) * m);
         const uint2 w = *reinterpret_cast<const uint2*>(b + 48 + 32 * c + l0);
         const uint2 h = *reinterpret_cast<const uint2*>(b + 16 + l0);
         const int shift = 4 * sub, hbit = 2 * c + sub;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            out[i] = d * float(((w.x >> (8 * i + shift)) & 0xF) | (((h.x >> (8 * i + hbit)) & 1) << 4)) - dm;
-            out[4 + i] = d * float(((w.y >> (8 * i + shift)) & 0xF) | (((h.y >> (8 * i + hbit)) & 1) << 4)) - dm;
+            q[i] = float(((w.x >> (8 * i + shift)) & 0xF) | (((h.x >> (8 * i + hbit)) & 1) << 4));
+            q[4 + i] = float(((w.y >> (8 * i + shift)) & 0xF) | (((h.y >> (8 * i + hbit)) & 1) << 4));
         }
+    }
+    __device__ static void load8(const uint8_t* row, int g, float* out) {
+        float d, o;
+        load8_affine(row, g, out, d, o);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = fmaf(d, out[i], o);
     }
 };
 

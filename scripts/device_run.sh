@@ -18,16 +18,17 @@
 #              in the background right after the main build, beside the stages before this one), then
 #              scripts/module_load_bench.py: cuModuleLoad per module, main build against release (with LINEINFO=1
 #              for the main build: on an H200 the 8 base modules load in 99 ms with line tables, 19 without)
-#   variants   the kernel A/B kept as a compile-time switch: gemm + moe with GEMM_STAGE_K=32, the former stage width
-#              (a scripts/variant.sh copy), its kernel tests from its copy, then engine bench
-#              (warm) and engine profile --batch 13 / --batch 512, base and variants interleaved, two rounds
-#   attntc     the tensor-core prefill attention (attn_prefill_tc, REFLEX_ATTN_TC=1): its kernel tests, bench_attention.py,
+#   variants   the kernel A/B kept as a compile-time switch: tc_matvec with TCMV_AFFINE=1 (Q8_0 / Q4_K / Q5_K weights
+#              into the tensor cores as integers, a scale and offset a 32-value group; a scripts/variant.sh copy), its
+#              kernel and model tests from its copy, then engine bench (warm) and engine profile --batch 13 / --batch
+#              32, base and variant interleaved, two rounds (GEMM_STAGE_K=32, session 23's, by EXTRA_NVCC the same way)
+#   attntc     the tensor-core prefill attention (attn_prefill_tc, on by default): its kernel tests, bench_attention.py,
 #              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
 #              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
-#              (COLDAB_VARIANTS, default: base, release kernels if built, prefetch, late upload, readahead, modules on first
-#              use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit teardown from
-#              it), interleaved, with warm and then dropped page caches
+#              (COLDAB_VARIANTS, default: base, release kernels if built, prefetch, late upload, readahead, modules
+#              on first use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit
+#              teardown from it), interleaved, with warm and then dropped page caches
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
 #              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel
 # Usage: STAGES="tests bench" scripts/device_run.sh
@@ -137,17 +138,17 @@ for stage in $STAGES; do
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/variants.log" 2>&1
       # A variant runs only if it built and its kernel tests pass (a failed build would leave the base's fatbins in it).
       ok=(base)
-      EXTRA_NVCC=-DGEMM_STAGE_K=32 scripts/variant.sh make stage32 kernels/gemm.cu=kernels/gemm.cu \
-        kernels/moe.cu=kernels/moe.cu >> "$OUT/variants.log" 2>&1 &&
-        scripts/variant.sh run stage32 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_gemm.py \
-          tests/test_cuda_moe.py > "$OUT/variant_tests_stage32.log" 2>&1 && ok+=(stage32)
+      EXTRA_NVCC=-DTCMV_AFFINE=1 scripts/variant.sh make affine kernels/tc_matvec.cu=kernels/tc_matvec.cu \
+        >> "$OUT/variants.log" 2>&1 &&
+        scripts/variant.sh run affine python3 -m pytest -q -p no:cacheprovider tests/test_cuda_tc_matvec.py \
+          tests/test_cuda_model.py > "$OUT/variant_tests_affine.log" 2>&1 && ok+=(affine)
       for f in "$OUT"/variant_tests_*.log; do tail -n 2 "$f"; done; echo "variants that built and passed: ${ok[*]}"
       [ ${#ok[@]} = 2 ] || stage_exit=1
       for round in 1 2; do
         for v in "${ok[@]}"; do
           run=(python3 -m engine); [ $v = base ] || run=(scripts/variant.sh run $v python3 -m engine)
           timeout 120 "${run[@]}" bench "$m" > "$OUT/variant_bench_${v}_$round.json" 2>> "$OUT/variants.log"
-          for b in 13 512; do
+          for b in 13 32; do
             timeout 120 "${run[@]}" profile "$m" --repeats 20 --batch $b > "$OUT/variant_profile_${v}_b${b}_$round.json" \
               2>> "$OUT/variants.log"
           done
