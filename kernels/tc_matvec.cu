@@ -143,6 +143,15 @@ __device__ __forceinline__ void make_frag(const float (&w)[8], Frag<TF>& f) {
     }
 }
 
+// A tf32 step's A operand (k8 step s): this lane's values 2s and 2s + 1 of tokens g (x0) and g + 8 (x1), in halves.
+__device__ __forceinline__ void split_step(const float (&x0)[8], const float (&x1)[8], int s, uint32_t (&ah)[4],
+                                           uint32_t (&al)[4]) {
+    split_tf32(x0[2 * s], ah[0], al[0]);
+    split_tf32(x1[2 * s], ah[1], al[1]);
+    split_tf32(x0[2 * s + 1], ah[2], al[2]);
+    split_tf32(x1[2 * s + 1], ah[3], al[3]);
+}
+
 // One 16-token tile through one chunk for F weight fragments (8 rows each): x0, x1 are this lane's 8 values of
 // tokens g and g + 8 (times norm_w when normed), split once for all F; acc[f][0..1] are token g's sums for fragment
 // f's rows 2q, 2q + 1, acc[f][2..3] token g + 8's.
@@ -154,10 +163,7 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             uint32_t ah[4], al[4];
-            split_tf32(x0[2 * s], ah[0], al[0]);
-            split_tf32(x1[2 * s], ah[1], al[1]);
-            split_tf32(x0[2 * s + 1], ah[2], al[2]);
-            split_tf32(x1[2 * s + 1], ah[3], al[3]);
+            split_step(x0, x1, s, ah, al);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
                 mma_tf32x3(acc[f], ah, al, b[f].hi[2 * s], b[f].hi[2 * s + 1], b[f].lo[2 * s], b[f].lo[2 * s + 1]);
@@ -231,10 +237,7 @@ __device__ __forceinline__ void affine_chunk(const float (&x0)[8], const float (
 #pragma unroll
     for (int s = 0; s < 4; ++s) {  // step s (k8): slot q holds value 2s, slot q + 4 value 2s + 1 of the lane's 8
         uint32_t ah[4], al[4];
-        split_tf32(x0[2 * s], ah[0], al[0]);
-        split_tf32(x1[2 * s], ah[1], al[1]);
-        split_tf32(x0[2 * s + 1], ah[2], al[2]);
-        split_tf32(x1[2 * s + 1], ah[3], al[3]);
+        split_step(x0, x1, s, ah, al);
 #pragma unroll
         for (int f = 0; f < F; ++f) {
             mma_tf32(lo[f], al, b[f].q[2 * s], b[f].q[2 * s + 1]);
