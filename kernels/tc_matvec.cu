@@ -30,7 +30,8 @@
 // TCMV_AFFINE=1 (a compile-time form for A/Bs, scripts/variant.sh; 0 by default): on the tf32 path, the types whose
 // 32-value chunk shares one scale and offset (Q8_0, Q4_K, Q5_K: q::Quant<T>::load8_affine) go in as their integers,
 // exact in tf32, so a step is two mma (x's halves times q) and the weights need no split; a chunk's sums are then
-// scaled per row and the offset times the chunk's sum of x added: scale * (x . q) + offset * sum(x).
+// scaled per row and the offset times the chunk's sum of x added: scale * (x . q) + offset * sum(x), with q centred
+// (AffineFrag) so that the error follows |w|, as the split form's does.
 //
 // Weight rows of at most STAGE_MAX_K values are staged through shared memory first (stage.cuh; matvec_block.cuh's
 // reasons), longer ones are read from global memory directly. Rows past R re-read row R - 1 and tokens past n token
@@ -206,9 +207,13 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
     }
 }
 
-// A fragment's share of a chunk in the affine form, for weights of type T: the lane's 8 integers as tf32 (exact), and
-// the scale and offset of the fragment's rows 2q and 2q + 1 (those of acc[f][0..1] and [2..3]), from the lanes whose
-// row g they are.
+// A fragment's share of a chunk in the affine form, for weights of type T: the lane's 8 integers, centred, as tf32
+// (exact), and the scale and offset of the fragment's rows 2q and 2q + 1 (those of acc[f][0..1] and [2..3]), from the
+// lanes whose row g they are. Centred: w = scale * q + offset = scale * (q - z) + (scale * z + offset) with z the
+// integer nearest -offset / scale (clamped: any integer is exact), so that a weight that cancels to zero (Q4_K's
+// d * sc * q = dmin * m) computes as 0 * x + 0 * sum(x), and the error follows |w| rather than |scale * q| + |offset|
+// (uncentred, a Q4_K row with such a zero under an activation of 1e6 missed the float32 bound 50-fold in an
+// emulation; centred, 0.002 of it).
 template <int T>
 struct AffineFrag {
     uint32_t q[8];
@@ -217,9 +222,11 @@ struct AffineFrag {
     __device__ __forceinline__ void load(const uint8_t* row, int group) {
         float w[8], row_scale, row_offset;
         q::Quant<T>::load8_affine(row, group, w, row_scale, row_offset);
+        const float z = fminf(fmaxf(rintf(__fdividef(-row_offset, row_scale)), -256.f), 256.f);  // NaN, inf: clamped
+        row_offset = fmaf(row_scale, z, row_offset);
         const int r = 8 * (threadIdx.x & 3);  // rows 2q, 2q + 1 are those of lanes 8q and 8q + 4
 #pragma unroll
-        for (int i = 0; i < 8; ++i) q[i] = __float_as_uint(w[i]);
+        for (int i = 0; i < 8; ++i) q[i] = __float_as_uint(w[i] - z);  // |q - z| <= 512: exact
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             scale[j] = __shfl_sync(cm::FULL, row_scale, r + 4 * j);

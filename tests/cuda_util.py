@@ -33,10 +33,13 @@ def needs_blocks(ggml_type: GGMLType, cols: int) -> None:
 
 
 class Weight:
-    """A random (rows, cols) matrix on the device in its GGUF layout, allocated to the byte, and its f64 values."""
+    """A random (rows, cols) matrix on the device in its GGUF layout, allocated to the byte, and its f64 values
+    (`raw`: those bytes instead of random ones)."""
 
-    def __init__(self, rng: np.random.Generator, ggml_type: GGMLType, rows: int, cols: int):
-        raw = random_weights(rng, ggml_type, (rows, cols))  # (rows * row_bytes,) u1
+    def __init__(self, rng: np.random.Generator, ggml_type: GGMLType, rows: int, cols: int,
+                 raw: np.ndarray | None = None):  # fmt: skip
+        if raw is None:
+            raw = random_weights(rng, ggml_type, (rows, cols))  # (rows * row_bytes,) u1
         self.dense = dequantize(raw, ggml_type, (rows, cols)).astype(np.float64)  # (rows, cols)
         self.array = DeviceArray.from_host(raw)
         self.dev = DeviceWeight(self.array.ptr, ggml_type, rows, cols, row_bytes(ggml_type, cols), ggml_type.name)

@@ -19,6 +19,7 @@ from engine.cuda.memory import DeviceArray
 from engine.errors import CudaError
 from engine.quants import GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
+from tests.quant_data import random_weights
 from tests.test_cuda_matvec import (
     RTOL,
     assert_close,
@@ -165,6 +166,34 @@ def test_tcmv_wide_range(ggml_type: GGMLType, seed: int) -> None:
     d_x = DeviceArray.from_host(x)
     run(k_tc_matvec.tcmv(w.dev, d_x, n, y))
     assert_close(y.to_host(), ref, tol, f"tcmv wide range {ggml_type.name} seed={seed}")
+
+
+def cancelling_q4_k(rng: np.random.Generator, rows: int, cols: int) -> Weight:
+    """A Q4_K matrix whose every sub-block has d = dmin, scale 1 and min 8: w = d (q - 8), exactly zero where q = 8
+    (d * sc * q and dmin * m cancel)."""
+    blocks = random_weights(rng, GGMLType.Q4_K, (rows, cols)).reshape(-1, 144)  # (rows * cols / 256, 144) u1
+    blocks[:, 0:4] = np.tile(np.array([0.01], np.float16).view(np.uint8), 2)  # d, dmin
+    blocks[:, 4:8], blocks[:, 8:12], blocks[:, 12:16] = 1, 8, 1 | 8 << 4  # sc 1, m 8 in all eight sub-blocks
+    return Weight(rng, GGMLType.Q4_K, rows, cols, raw=blocks.reshape(-1))
+
+
+@pytest.mark.parametrize("n", [13, 32])
+def test_tcmv_holds_the_bound_where_weights_cancel_to_zero(n: int, seed: int) -> None:
+    """Weights that are zero only because a scale times a quant cancels a min, under an activation of 1e6: the sums
+    must follow |w * x| (a form that multiplies scale and min out separately would leave ~1e6 * 2^-24 there)."""
+    rows, cols = 24, 1024
+    rng = np.random.default_rng(seed)
+    w = cancelling_q4_k(rng, rows, cols)
+    zeros = np.flatnonzero(w.dense[0] == 0.0)
+    assert zeros.size, "no cancelling weight drawn"
+    x = rng.normal(size=(n, cols))
+    x[:, rng.choice(zeros, size=min(4, zeros.size), replace=False)] = 1e6
+    x = x.astype(np.float32)
+    ref = x.astype(np.float64) @ w.dense.T
+    tol = RTOL * (np.abs(x.astype(np.float64)) @ np.abs(w.dense).T) + 1e-30
+    y = poisoned((n, rows))
+    run(k_tc_matvec.tcmv(w.dev, DeviceArray.from_host(x), n, y))
+    assert_close(y.to_host(), ref, tol, f"tcmv cancelling Q4_K n={n} seed={seed}")
 
 
 def test_tcmv_refuses_what_it_cannot_compute() -> None:
