@@ -144,6 +144,12 @@ __device__ __forceinline__ void make_frag(const float (&w)[8], Frag<TF>& f) {
     }
 }
 
+// The sum over the quad (lanes 4g .. 4g + 3, which hold a chunk's 32 values of the same tokens), in every lane of it.
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(cm::FULL, v, 1);
+    return v + __shfl_xor_sync(cm::FULL, v, 2);
+}
+
 // A tf32 step's A operand (k8 step s): this lane's values 2s and 2s + 1 of tokens g (x0) and g + 8 (x1), in halves.
 __device__ __forceinline__ void split_step(const float (&x0)[8], const float (&x1)[8], int s, uint32_t (&ah)[4],
                                            uint32_t (&al)[4]) {
@@ -254,11 +260,7 @@ __device__ __forceinline__ void affine_chunk(const float (&x0)[8], const float (
     float sx0 = 0.f, sx1 = 0.f;  // the chunk's sums of tokens g and g + 8 (the quad holds its 32 values)
 #pragma unroll
     for (int i = 0; i < 8; ++i) sx0 += x0[i], sx1 += x1[i];
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-        sx0 += __shfl_xor_sync(cm::FULL, sx0, o);
-        sx1 += __shfl_xor_sync(cm::FULL, sx1, o);
-    }
+    sx0 = quad_sum(sx0), sx1 = quad_sum(sx1);
 #pragma unroll
     for (int f = 0; f < F; ++f) {
 #pragma unroll
@@ -367,11 +369,7 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
             *reinterpret_cast<float2*>(out + (t0 + 8) * WR + ROWS * f) = make_float2(acc[m][f][2], acc[m][f][3]);
         }
         if (norm_w) {
-#pragma unroll
-            for (int o = 1; o <= 2; o <<= 1) {
-                ss[m][0] += __shfl_xor_sync(cm::FULL, ss[m][0], o);
-                ss[m][1] += __shfl_xor_sync(cm::FULL, ss[m][1], o);
-            }
+            ss[m][0] = quad_sum(ss[m][0]), ss[m][1] = quad_sum(ss[m][1]);
             if (team == 0 && qd == 0) red_ss[slice * NTOK + t0] = ss[m][0], red_ss[slice * NTOK + t0 + 8] = ss[m][1];
         }
     }
