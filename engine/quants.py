@@ -130,6 +130,8 @@ LOWBIT_TYPES = frozenset(
     }
 )
 assert KERNEL_TAGS.keys() >= LOWBIT_TYPES
+# Unquantized weights: the kernels keep them in exact float32 arithmetic where quantized types may take tf32.
+FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 # The types some backend computes with: the CUDA ones and every type the NumPy backend dequantizes
 # (engine/cpu/dequant.py). Any other type is an `unsupported_architecture` error at load, on both backends. Q8_K is
 # the NumPy backend's alone: llama.cpp uses it for activations inside its K-quant dot products and writes no weights

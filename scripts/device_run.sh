@@ -25,6 +25,9 @@
 #   attntc     the tensor-core prefill attention (attn_prefill_tc, on by default): its kernel tests, bench_attention.py,
 #              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
 #              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
+#   dense      the two-pass prefill GEMM (kernels/gemm_dense.cu, REFLEX_GEMM_DENSE=1, off by default): its kernel and
+#              model tests, then engine bench and engine profile --batch 512 / 256 / 128 off and on (its bound at 65
+#              tokens), interleaved, twice
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
 #              (COLDAB_VARIANTS, default: base, release kernels if built, prefetch, late upload, readahead, modules
 #              on first use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit
@@ -67,8 +70,9 @@ cat "$OUT/env.txt" "$OUT/doctor.json"
 for stage in $STAGES; do
   stage_exit=0
   case $stage in
-    tests)
+    tests)  # the two modules that import `openai` (absent from the device image) hold no GPU tests
       timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider --continue-on-collection-errors \
+        --ignore tests/test_http_mode.py --ignore tests/test_worker_openai.py \
         --junitxml "$OUT/gpu_tests.xml" ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
     sanitizer)
       timeout "${SANITIZER_TIMEOUT:-400}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -m gpu -q \
@@ -177,6 +181,32 @@ for stage in $STAGES; do
             python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['warm']; print(sys.argv[2], sys.argv[3],
               w['system1_ms'], w['prefill_16'], w['prefill_512'])" "$OUT/attntc_bench_${name}_$round.json" $name $round \
               2>&1 | cut -c1-400
+          done
+        done
+      fi ;;
+    dense)
+      m=$PWD/bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
+      [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/dense.log" 2>&1
+      timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_gemm.py tests/test_cuda_model.py \
+        -k "dense or matmul_picks or two_pass" > "$OUT/dense_tests.log" 2>&1 || stage_exit=1
+      tail -n 3 "$OUT/dense_tests.log"
+      if [ $stage_exit = 0 ]; then  # off, on (past 64 tokens), interleaved, two rounds
+        for round in 1 2; do
+          for v in "off REFLEX_GEMM_DENSE=0" "on REFLEX_GEMM_DENSE=1 REFLEX_GEMM_DENSE_MIN=65"; do
+            set -- $v; name=$1; shift
+            env "$@" timeout 120 python3 -m engine bench "$m" > "$OUT/dense_bench_${name}_$round.json" 2>> "$OUT/dense.log"
+            for b in 512 256 128; do
+              env "$@" timeout 120 python3 -m engine profile "$m" --repeats 10 --batch $b \
+                > "$OUT/dense_profile_${name}_b${b}_$round.json" 2>> "$OUT/dense.log"
+            done
+            python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['warm']; print(sys.argv[2], sys.argv[3],
+              {k: w.get(k) for k in ('prefill_128', 'prefill_512')})" "$OUT/dense_bench_${name}_$round.json" $name \
+              $round 2>&1 | cut -c1-400
+            for b in 512 256 128; do
+              python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r['step_ms'], 'ms',
+                [(k['kernel'], k['us']) for k in r['by_kernel'][:4]])" "$OUT/dense_profile_${name}_b${b}_$round.json" \
+                "$name b$b" 2>&1 | cut -c1-400
+            done
           done
         done
       fi ;;

@@ -17,16 +17,15 @@ import os
 import numpy as np
 import pytest
 
-from engine.cuda import driver, k_gemm, memory
+from engine.cuda import driver, k_gemm, k_gemm_dense, memory, prefill
 from engine.cuda.memory import DeviceArray
 from engine.errors import CudaError
-from engine.quants import KERNEL_TAGS, GGMLType
+from engine.quants import FLOAT_TYPES, KERNEL_TAGS, GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
 
 pytestmark = pytest.mark.gpu
 
 TYPES = sorted(KERNEL_TAGS)  # the types the kernels compute
-FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 # (n, R, K): n and R below, at and past multiples of the 64 x 64 tile (R = 33: rows not a multiple of 4, so the
 # scalar store path); K from one K-quant block to Qwen3-0.6B's ffn_down.
 SHAPES = [(9, 64, 256), (64, 100, 1024), (65, 1024, 256), (200, 3072, 1024), (512, 1024, 3072), (130, 33, 256)]
@@ -206,3 +205,117 @@ def test_gemm_split_k(ggml_type: GGMLType, shape: tuple[int, int, int], seed: in
     g, u = product, a64 @ wu.dense.T
     context = context.replace("gemm", "gemm_swiglu")
     assert_rows_close(out.result(context), g / (1 + np.exp(-g)) * u, tolerance(ggml_type, swiglu=True), context)
+
+
+# The two-pass GEMM (kernels/gemm_dense.cu, k_gemm_dense.gemm_dense): sm_80 and later, quantized types; one matrix
+# (with a residual, separate or in place) or the interleaved SwiGLU pair, over slabs of the output columns. Its
+# roundings are gemm's (tf32 operands, float32 sums in the same k order), so it is held to gemm's bounds and, unsplit,
+# to gemm's own result within float32 rounding; the slab is poisoned first, so a slab row the dequant pass leaves
+# unwritten shows.
+QUANT_TYPES = [t for t in TYPES if t not in FLOAT_TYPES]
+# (n, R, K): tokens below, at and past the 128-token tile; R past 64- and 32-row tiles, not a multiple of 4 (scalar
+# stores); K from one K-quant block to Qwen3-0.6B's ffn_down.
+DENSE_SHAPES = [(300, 100, 256), (129, 1024, 1024), (512, 70, 96), (65, 33, 256), (256, 160, 3072)]
+
+
+def needs_dense() -> None:
+    if driver.compute_major() < 8:
+        pytest.skip("gemm_dense needs sm_80 or later")
+
+
+def poisoned_slab(floats: int) -> DeviceArray:
+    slab = DeviceArray.empty((floats,))
+    slab.fill_byte(0xFF)
+    return slab
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole_k", "split_k"])
+@pytest.mark.parametrize("shape", DENSE_SHAPES, ids=lambda s: "n{}_R{}_K{}".format(*s))
+@pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
+def test_gemm_dense(ggml_type: GGMLType, shape: tuple[int, int, int], split: bool, seed: int) -> None:
+    needs_dense()
+    n, rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    k_gemm.reserve()
+    rng = np.random.default_rng(seed)
+    wg, wu = Weight(rng, ggml_type, rows, cols), Weight(rng, ggml_type, rows, cols)
+    a = activations(rng, n, cols)
+    resid = rng.normal(size=(n, rows)).astype(np.float32)
+    d_a, d_resid = DeviceArray.from_host(a), DeviceArray.from_host(resid)
+    slab = poisoned_slab(64 * cols)  # 64 columns a slab (32 of a pair): R = 100 takes 2 slabs (4 as a pair)
+    context = f"gemm_dense {ggml_type.name} n={n} R={rows} K={cols} split={split} seed={seed}"
+    a64 = a.astype(np.float64)
+    g, u = a64 @ wg.dense.T, a64 @ wu.dense.T
+
+    out = Output(n, rows)
+    launches = k_gemm_dense.gemm_dense(wg.dev, d_a, n, out.c, slab=slab, split=split)
+    assert len(launches) == 2 * -(-rows // 64), f"{context}: {len(launches)} launches"
+    for launch in launches:
+        launch()
+    memory.synchronize(0)
+    got = out.result(context)
+    assert_rows_close(got, g, tolerance(ggml_type), context)
+    whole = Output(n, rows)
+    run(k_gemm.gemm(wg.dev, d_a, n, whole.c, split=False))
+    if not split:  # gemm's roundings and k order: its own result within float32 rounding
+        assert_rows_close(got, whole.result(context), (1e-6, 1e-6), context + " against gemm")
+
+    out = Output(n, rows)
+    for launch in k_gemm_dense.gemm_dense(wg.dev, d_a, n, out.c, resid=d_resid, slab=slab, split=split):
+        launch()
+    memory.synchronize(0)
+    assert_rows_close(out.result(context) - resid, g, (tolerance(ggml_type)[0] + 1e-6, tolerance(ggml_type)[1] + 1e-6),
+                      context + " +resid")  # fmt: skip
+    assert (d_resid.to_host() == resid).all(), f"{context}: resid modified"
+    results = []
+    for _ in range(2):  # in place, twice: the same bits (a fixed order of the split sums; tickets left at zero)
+        out = Output(n, rows, initial=resid)
+        for launch in k_gemm_dense.gemm_dense(wg.dev, d_a, n, out.c, resid=out.c, slab=slab, split=split):
+            launch()
+        memory.synchronize(0)
+        results.append(out.result(context + " in place"))
+    assert (results[0] == results[1]).all(), f"{context}: two launches differ"
+
+    out = Output(n, rows)
+    for launch in k_gemm_dense.gemm_dense(wg.dev, d_a, n, out.c, up=wu.dev, slab=slab, split=split):
+        launch()
+    memory.synchronize(0)
+    context = context.replace("gemm_dense", "gemm_dense swiglu")
+    assert_rows_close(out.result(context), g / (1 + np.exp(-g)) * u, tolerance(ggml_type, swiglu=True), context)
+
+
+def test_gemm_dense_checks(seed: int) -> None:
+    needs_dense()
+    rng = np.random.default_rng(seed)
+    w, wu = Weight(rng, GGMLType.Q4_K, 64, 256), Weight(rng, GGMLType.Q4_K, 64, 256)
+    a, c, slab = DeviceArray.empty((9, 256)), DeviceArray.empty((9, 64)), DeviceArray.empty((64 * 256,))
+    k_gemm_dense.gemm_dense(w.dev, a, 9, c, slab=slab)  # the valid call
+    with pytest.raises(CudaError, match="float32"):
+        k_gemm_dense.gemm_dense(Weight(rng, GGMLType.F16, 64, 256).dev, a, 9, c, slab=slab)
+    with pytest.raises(CudaError, match="no residual"):
+        k_gemm_dense.gemm_dense(w.dev, a, 9, c, resid=c, up=wu.dev, slab=slab)
+    with pytest.raises(CudaError, match="holds no"):
+        k_gemm_dense.gemm_dense(w.dev, a, 9, c, slab=DeviceArray.empty((63 * 256,)))
+    with pytest.raises(CudaError, match="differ"):
+        k_gemm_dense.gemm_dense(w.dev, a, 9, c, up=Weight(rng, GGMLType.Q6_K, 64, 256).dev, slab=slab)
+    with pytest.raises(CudaError, match="needs 2560"):
+        k_gemm_dense.gemm_dense(w.dev, a, 10, c, slab=slab)
+
+
+def test_matmul_picks_the_two_pass_gemm_by_the_rule(monkeypatch, seed: int) -> None:
+    """prefill.matmul / swiglu: gemm_dense past REFLEX_GEMM_DENSE_MIN tokens where REFLEX_GEMM_DENSE=1 (its slab then
+    reserved) on sm_90, gemm below it and for float weights."""
+    needs_dense()
+    monkeypatch.setenv("REFLEX_GEMM_DENSE", "1")
+    monkeypatch.setenv("REFLEX_GEMM_DENSE_MIN", "100")
+    k_gemm.reserve()
+    rng = np.random.default_rng(seed)
+    w, f = Weight(rng, GGMLType.Q8_0, 64, 256), Weight(rng, GGMLType.F32, 64, 256)
+    a, c = DeviceArray.empty((100, 256)), DeviceArray.empty((100, 64))
+    names = [launch.name for launch in prefill.matmul(w.dev, a, 100, c)]
+    dense = driver.compute_major() >= 9
+    assert names == (["gemm_dense.dequant_tf32_q8_0", "gemm_dense.gemm_dense"] if dense else ["gemm.gemm_q8_0"])
+    assert [launch.name for launch in prefill.matmul(w.dev, a, 99, c)] == ["gemm.gemm_q8_0"]
+    assert [launch.name for launch in prefill.matmul(f.dev, a, 100, c)] == ["gemm.gemm_f32"]
+    pair = [launch.name for launch in prefill.swiglu(w.dev, w.dev, a, 100, c)]
+    assert pair == (["gemm_dense.dequant_tf32_q8_0", "gemm_dense.gemm_dense"] if dense else ["gemm.gemm_swiglu_q8_0"])

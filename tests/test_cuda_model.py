@@ -11,6 +11,7 @@ import tempfile
 import numpy as np
 import pytest
 
+from engine.cuda import driver
 from engine.engine import Engine
 from tests import conformance as C
 
@@ -57,6 +58,23 @@ def test_cuda_matches_cpu_backend(pair):
         a, b = cuda.logits(ids, prefill=prefill), cpu.logits(ids, prefill=prefill)
         tol = 1e-4 if name.endswith("f32") else 2e-3
         assert np.abs(a - b).max() <= tol * max(1.0, np.abs(b).max()), (name, prefill, np.abs(a - b).max())
+
+
+def test_two_pass_gemm_matches_cpu_backend(pair, monkeypatch):
+    """The quantized files with the two-pass GEMM (kernels/gemm_dense.cu) on and its bound at 65 tokens: the
+    100-token prefill goes through it, held to test_cuda_matches_cpu_backend's bound."""
+    name, _, cpu = pair
+    if not C.is_quantized(name) or driver.compute_major() < 9:
+        pytest.skip("the two-pass GEMM takes quantized weights on sm_90")
+    monkeypatch.setenv("REFLEX_GEMM_DENSE", "1")
+    monkeypatch.setenv("REFLEX_GEMM_DENSE_MIN", "65")
+    cuda = Engine.load(C.fixture_path(name, ".gguf"), backend="cuda", max_seq_len=512)
+    ids = cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n")
+    ids = (ids * 4)[:100]
+    names = {launch.name for launch in cuda.runner.batch_launches(ids)}
+    assert "gemm_dense.gemm_dense" in names, sorted(names)
+    a, b = cuda.logits(ids), cpu.logits(ids)
+    assert np.abs(a - b).max() <= 2e-3 * max(1.0, np.abs(b).max()), (name, np.abs(a - b).max())
 
 
 def test_system1_and_sampling_agree_with_cpu(pair):

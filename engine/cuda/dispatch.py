@@ -137,6 +137,25 @@ def gemm_splits(blocks: int, k_stages: int) -> int:
     return max(s, 1)
 
 
+# From DENSE_MIN tokens, on sm_90, a quantized matmul in two passes (kernels/gemm_dense.cu: the weights dequantized
+# into a float slab, then a dense TF32 GEMM, cp.async four stages deep, 128-token tiles) rather than gemm.cu's one,
+# which dequantizes inside its K loop once per 64-token tile and ran at ~50 TFLOP/s at pp512 on an H200 (2026-12-05,
+# the Qwen3-0.6B shape: ~9.3 of the 11.5 ms step). The same roundings (tf32 operands, float32 sums). Not measured
+# yet: off unless REFLEX_GEMM_DENSE=1 (REFLEX_GEMM_DENSE_MIN sets the bound), and sm_90 only (its 110 KiB of shared
+# memory a block leaves sm_86 / sm_89 out; sm_80 untried).
+DENSE_MIN = 256
+
+
+def dense_gemm_enabled() -> bool:
+    """Whether the two-pass GEMM may be chosen at all (its weight slab is reserved only then: k_gemm.reserve)."""
+    return os.environ.get("REFLEX_GEMM_DENSE", "0") == "1"
+
+
+def dense_gemm(n: int, major: int) -> bool:
+    """Whether a quantized matmul of n tokens on a GPU of compute capability `major` takes the two-pass GEMM."""
+    return dense_gemm_enabled() and major >= 9 and n >= env_int("REFLEX_GEMM_DENSE_MIN", DENSE_MIN, minimum=1)
+
+
 def use_tc(n: int) -> bool:
     """Whether n tokens through a weight type that has tc_matvec kernels take one launch of them (REFLEX_TC=0: never,
     for comparisons)."""

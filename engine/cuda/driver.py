@@ -205,6 +205,18 @@ class Launch:
                                        self._params, None), "cuLaunchKernel")  # fmt: skip
 
 
+_SMEM_OPTIN = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_smem_allowed: dict[int, int] = {}  # function -> the dynamic shared memory it was allowed
+
+
+def allow_smem(fn: ctypes.c_void_p, smem: int) -> None:
+    """Let kernel `fn` take `smem` bytes of dynamic shared memory: above 48 KiB a kernel must opt in (once)."""
+    if smem > 48 * 1024 and _smem_allowed.get(fn.value, 0) < smem:
+        name = _kernel_names.get(fn.value, "?")
+        check(libcuda().cuFuncSetAttribute(fn, _SMEM_OPTIN, smem), f"cuFuncSetAttribute({name}, {smem} bytes)")
+        _smem_allowed[fn.value] = smem
+
+
 class Module:
     """A prebuilt kernel module kernels/build/<name>.fatbin (never compiled at run time)."""
 

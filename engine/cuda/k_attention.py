@@ -17,8 +17,6 @@ from engine.errors import CudaError
 
 MAX_HEAD_DIM = 256  # hd and vd; rope_dim / 2 <= 128 cos/sin pairs in shared memory
 MAX_COMBINE_SPLITS = 64  # attn_combine's weights in shared memory
-_SMEM_OPTIN = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_smem_set: dict[int, int] = {}
 
 
 def _heads(H: int, KVH: int, hd: int, vd: int) -> None:
@@ -188,9 +186,7 @@ def attn_prefill(
     name, queries = (f"attn_prefill_tc{hd}", 64) if tc else ("attn_prefill", 32)
     smem = prefill_tc_smem_bytes(hd, vd) if tc else prefill_smem_bytes(hd, vd)
     fn = driver.module("attention").fn(kv_kernel(name, k_cache))
-    if smem > 48 * 1024 and _smem_set.get(fn.value, 0) < smem:  # above 48 KiB a kernel must opt in, once
-        driver.check(driver.libcuda().cuFuncSetAttribute(fn, _SMEM_OPTIN, smem), f"cuFuncSetAttribute({name})")
-        _smem_set[fn.value] = smem
+    driver.allow_smem(fn, smem)
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             ptr(out)]  # fmt: skip
     return Launch(fn, ((n + queries - 1) // queries, H), (128,), args, smem=smem)

@@ -24,7 +24,7 @@ from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
-from engine.cuda import small_batch, vmm
+from engine.cuda import prefill, small_batch, vmm
 from engine.cuda.dispatch import SMALL_BATCH, mixed_matvec3, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -134,7 +134,7 @@ class CudaModel:
         then each LoRA update of w: t = A · x[:n] (the same norm), y[:n] += B' · t."""
         if not use_matvec(n):
             assert norm_w is None, "the GEMM path takes rows normed by rmsnorm_rows"
-            out = [kg.gemm(w, x, n, y, resid=resid)]
+            out = prefill.matmul(w, x, n, y, resid=resid)
         else:
             out = small_batch.matmul(w, x, n, y, norm_w=norm_w, eps=self.cfg.norm_eps, resid=resid)
         for pair in self.lora.of(w.name):
@@ -191,7 +191,7 @@ class CudaModel:
         elif small:
             out += small_batch.swiglu(gate, up, src, n, self.hb, norm_w=norm, eps=eps)
         else:
-            out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
+            out += prefill.swiglu(gate, up, src, n, self.hb)
         out += self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)
         return out
 

@@ -29,7 +29,7 @@ from engine.cuda import k_elementwise as kel
 from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_norm_rope as knr
-from engine.cuda import memory, small_batch, vmm
+from engine.cuda import memory, prefill, small_batch, vmm
 from engine.cuda.dispatch import use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -313,6 +313,6 @@ class CudaModel:
         elif small:
             out += small_batch.swiglu(gate, up, src, n, self.hb, norm_w=norm, eps=eps)
         else:
-            out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
+            out += prefill.swiglu(gate, up, src, n, self.hb)
         out += self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)
         return out

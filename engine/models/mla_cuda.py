@@ -24,10 +24,9 @@ from engine.config import ModelConfig
 from engine.cuda import k_attention as ka
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_embed as ke
-from engine.cuda import k_gemm as kg
 from engine.cuda import k_mla as kmla
 from engine.cuda import k_norm_rope as knr
-from engine.cuda import small_batch, vmm
+from engine.cuda import prefill, small_batch, vmm
 from engine.cuda.dispatch import combine_splits, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -207,5 +206,5 @@ class CudaModel:
         elif use_matvec(n):
             out += small_batch.swiglu(gate, up, src, n, self.hb, norm_w=norm, eps=self.cfg.norm_eps)
         else:
-            out.append(kg.gemm_swiglu(gate, up, src, n, self.hb))
+            out += prefill.swiglu(gate, up, src, n, self.hb)
         return out + self._matmul(L["ffn_down"], self.hb, n, self.x, resid=self.x)

@@ -33,8 +33,7 @@ import weakref
 
 from engine.config import ModelConfig
 from engine.cuda import k_elementwise as kel
-from engine.cuda import k_gemm as kg
-from engine.cuda import k_lora, k_moe, memory, small_batch
+from engine.cuda import k_lora, k_moe, memory, prefill, small_batch
 from engine.cuda import k_norm_rope as knr
 from engine.cuda.dispatch import moe_matvec_tokens, use_matvec
 from engine.cuda.driver import Launch
@@ -51,7 +50,7 @@ def _matmul(w: DeviceWeight, x: DeviceArray, n: int, y: DeviceArray, lora: Devic
             resid: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
     """y[:n] = (resid +) w . x[:n]: a small batch (engine/cuda/small_batch.py), or the GEMM (as the dense family
     chooses); then each LoRA update of w: t = A . x[:n], y[:n] += B' . t."""
-    out = small_batch.matmul(w, x, n, y, resid=resid) if use_matvec(n) else [kg.gemm(w, x, n, y, resid=resid)]
+    out = small_batch.matmul(w, x, n, y, resid=resid) if use_matvec(n) else prefill.matmul(w, x, n, y, resid=resid)
     for pair in lora.of(w.name):
         t = lora.scratch(pair)
         out += _matmul(pair.a, x, n, t, NO_LORA)
@@ -208,7 +207,7 @@ class MoEFFN:
         elif use_matvec(n):
             out = small_batch.swiglu(gate, up, s.xn, n, s.hs)
         else:
-            out = [kg.gemm_swiglu(gate, up, s.xn, n, s.hs)]
+            out = prefill.swiglu(gate, up, s.xn, n, s.hs)
         return out + _matmul(down, s.hs, n, s.ys, lora)
 
     def _shared_args(self) -> dict:

@@ -1,0 +1,292 @@
+// Prefill matmuls in two passes (sm_80 and later, quantized types): the weights dequantized into a float scratch
+// slab (dequant_tf32_{t}), then a dense TF32 GEMM over it (gemm_dense). Contract: kernels/README.md, "gemm_dense.cu";
+// the wrappers and the rule that picks this over gemm.cu: engine/cuda/k_gemm.py, engine/cuda/dispatch.py.
+//
+// Why two passes: gemm.cu dequantizes each weight group inside its K loop, once per 64-token tile, through registers,
+// two stages deep; at 512 tokens (the Qwen3-0.6B shape, H200) its tiles ran at ~50 TFLOP/s, a tenth of the tensor
+// cores' TF32 rate. Dequantized once a launch into scratch (a float per value: 4 bytes written for ~0.6 read, from
+// L2 for the GEMM that follows), the matmul becomes a plain dense one, and the dense GEMM can be the usual pipeline:
+// both operands copied global -> shared with cp.async, NSTAGE stages in flight, fragments by ldmatrix, mma.sync.
+//
+// The numbers are gemm.cu's: every operand rounded to tf32 (to nearest, ties away from zero: the weights in the
+// dequant pass, A as its fragments are loaded), float32 accumulation in the same k order within a split. The
+// tests hold both to the same bounds (tests/test_cuda_gemm.py).
+//
+// The scratch layout: one matrix, row i of the slab = weight row r0 + i. A SwiGLU pair (gate, up) interleaved in
+// groups of 32 rows: slab row 64 b + j is gate row r0 + 32 b + j, 64 b + 32 + j up row r0 + 32 b + j (j < 32), so one
+// 64-row tile of the GEMM holds gate and up of the same 32 outputs; rows past the slab's are zeros.
+#include "pdl.cuh"
+#include "quant.cuh"
+#include "stage.cuh"
+#include "tf32.cuh"
+
+namespace {
+
+constexpr int DQ_THREADS = 256;  // dequant: 8 values a thread
+
+// v rounded to tf32 (to nearest, ties away: the add-and-mask of tf32.cuh's split_tf32), as a float.
+__device__ __forceinline__ float tf32_round(float v) {
+    return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+}
+
+template <int T>
+__device__ __forceinline__ void dequant_rows(const uint8_t* W, const uint8_t* Wu, long long row_bytes, int R, int K,
+                                             int r0, int rows, int slab_rows, float* __restrict__ out) {
+    pdl::begin();  // out may still be read by the GEMM before this one (the scratch is shared)
+    const long long i = (long long)blockIdx.x * DQ_THREADS + threadIdx.x;  // the 8-value group of the slab
+    const int groups = K >> 3;
+    if (i >= (long long)slab_rows * groups) return;
+    const int s = int(i / groups), g = int(i - (long long)s * groups);  // slab row, group of it
+    int r = r0 + s;
+    const uint8_t* src = W;
+    if (Wu) {  // interleaved pair: 32 gate rows, then the same 32 up rows
+        r = r0 + 32 * (s >> 6) + (s & 31);
+        src = (s & 32) ? Wu : W;
+    }
+    float v[8];
+    if (r < r0 + rows && r < R) {
+        q::Quant<T>::load8(src + (long long)r * row_bytes, g, v);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = 0.f;
+    }
+    float4* d = reinterpret_cast<float4*>(out + (long long)s * K + 8 * g);
+    d[0] = make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]), tf32_round(v[3]));
+    d[1] = make_float4(tf32_round(v[4]), tf32_round(v[5]), tf32_round(v[6]), tf32_round(v[7]));
+}
+
+}  // namespace
+
+// out[s, :] for slab rows s < slab_rows, tf32-rounded; Wu null: one matrix, else the interleaved (W = gate, Wu = up)
+// pair. A thread an 8-value group, in row-major order over the slab.
+#define DEQUANT_KERNEL(tag, T)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(DQ_THREADS)                                                      \
+        dequant_tf32_##tag(const uint8_t* __restrict__ W, const uint8_t* __restrict__ Wu, long long row_bytes,     \
+                           int R, int K, int r0, int rows, int slab_rows, float* __restrict__ out) {             \
+        dequant_rows<T>(W, Wu, row_bytes, R, K, r0, rows, slab_rows, out);                                       \
+    }
+Q_FOR_EACH_TYPE(DEQUANT_KERNEL)
+#undef DEQUANT_KERNEL
+
+// ---- the dense GEMM ---------------------------------------------------------------------------------------------
+// Block: 128 threads (4 warps), tile BM = 128 tokens x BN = 64 slab rows, K in stages of BK = 32 values, NSTAGE stages
+// in flight. Warp (wm, wn) = (warp / 2, warp % 2) computes tokens 64 wm + [0, 64) x rows 32 wn + [0, 32): 4 x 4
+// m16n8k8 tiles, 64 accumulators a thread. Shared memory, a stage (floats, row stride LD = BK + 4 = 36: the 8 rows of
+// an ldmatrix phase, 144 bytes apart, fall in distinct 16-byte bank groups):
+//   sA[128][LD]  A[t0 + i, k0 + k]      sW[64][LD]  Wd[r0 + j, k0 + k]
+// ldmatrix.x4 on 32-bit values: an 8 x 8 b16 matrix is 8 rows of 4 floats, and lane l gets the float at (l / 4, l % 4),
+// which is the tf32 fragment element (g, q). A's four matrices are rows +0 / +8 at k +0 / +4 (a0..a3), W's two n-tiles
+// at k +0 / +4 (b0, b1 of each). Tokens past n read token n - 1 and rows past Rs row Rs - 1: never written.
+namespace {
+
+constexpr int BM = 128, BN = 64, BK = 32, LD = BK + 4, THREADS = 128;
+#ifndef DENSE_NSTAGE
+#define DENSE_NSTAGE 4
+#endif
+constexpr int NSTAGE = DENSE_NSTAGE;
+constexpr int STAGE_FLOATS = (BM + BN) * LD;
+constexpr int CLD = BN + 4;  // the staged output tile sC[BM][CLD], over the stage buffers
+static_assert(NSTAGE >= 2 && NSTAGE * STAGE_FLOATS >= BM * CLD, "the output tile is staged over the stage buffers");
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix4(uint32_t (&r)[4], unsigned addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+#endif
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+
+// Stage kt's copies: A's 128 x 32 (8 granules a thread) and W's 64 x 32 (4 a thread), 16 bytes each.
+__device__ __forceinline__ void load_stage(float* s, const float* A, int K, int t0, int n, const float* Wd, int Rs,
+                                           int r0, int k) {
+#pragma unroll
+    for (int p = 0; p < BM * BK / 4 / THREADS; ++p) {
+        const int i = threadIdx.x + THREADS * p, row = i >> 3, c = i & 7;
+        const long long t = min(t0 + row, n - 1);
+        stage::copy16(reinterpret_cast<uint8_t*>(s + row * LD + 4 * c),
+                      reinterpret_cast<const uint8_t*>(A + t * K + k + 4 * c));
+    }
+#pragma unroll
+    for (int p = 0; p < BN * BK / 4 / THREADS; ++p) {
+        const int i = threadIdx.x + THREADS * p, row = i >> 3, c = i & 7;
+        const long long r = min(r0 + row, Rs - 1);
+        stage::copy16(reinterpret_cast<uint8_t*>(s + (BM + row) * LD + 4 * c),
+                      reinterpret_cast<const uint8_t*>(Wd + r * K + k + 4 * c));
+    }
+}
+
+struct Acc {
+    float d[4][4][4];  // [m-tile][n-tile][fragment element]
+
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) d[i][j][e] = 0.f;
+    }
+
+    // The 4 k8 steps of a stage in shared memory at s.
+    __device__ __forceinline__ void mma_stage(const float* s) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 1, wn = warp & 1, mi = lane >> 3;
+        // this lane's row address for the ldmatrix of A's m-tile 0 and of W's n-tiles (0, 1), at k step 0
+        const float* a0 = s + (64 * wm + (lane & 7) + 8 * (mi & 1)) * LD + 4 * (mi >> 1);
+        const float* w0 = s + (BM + 32 * wn + 8 * (mi >> 1) + (lane & 7)) * LD + 4 * (mi & 1);
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 8) {
+            uint32_t a[4][4], b[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                ldmatrix4(a[i], smem_addr(a0 + 16 * i * LD + kk));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[i][e] = (a[i][e] + 0x1000u) & 0xffffe000u;  // tf32_round
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j += 2) {
+                uint32_t r[4];
+                ldmatrix4(r, smem_addr(w0 + 8 * j * LD + kk));
+                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma_tf32(d[i][j], a[i], b[j][0], b[j][1]);
+        }
+    }
+
+    // The tile into sC[BM][CLD]: element e of (i, j) is token 64 wm + 16 i + g (+ 8 for e >= 2), row 32 wn + 8 j + 2q
+    // (+ 1 for odd e).
+    __device__ __forceinline__ void stage_out(float* sC) const {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 1, wn = warp & 1;
+        const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float* p = sC + (64 * wm + 16 * i + g) * CLD + 32 * wn + 8 * j + 2 * q;
+                *reinterpret_cast<float2*>(p) = make_float2(d[i][j][0], d[i][j][1]);
+                *reinterpret_cast<float2*>(p + 8 * CLD) = make_float2(d[i][j][2], d[i][j][3]);
+            }
+    }
+};
+
+// The staged tile sC to C: one matrix, C[t, c0 + r0 + j] (+ resid, same layout) for j < 64 within `cols`; a pair,
+// C[t, c0 + r0 / 2 + j] = silu(sC[.][j]) * sC[.][32 + j] for j < 32 within `cols`. C and resid rows ldc apart.
+__device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0, int cols, int pair,
+                                          const float* resid, float* C, int ldc, int c0) {
+    const bool vec = ((ldc | c0) & 3) == 0;
+    if (!pair) {
+#pragma unroll 4
+        for (int p = 0; p < BM * BN / 4 / THREADS; ++p) {
+            const int i = threadIdx.x + THREADS * p, tok = i >> 4, c4 = 4 * (i & 15);
+            const int t = t0 + tok, r = r0 + c4;
+            if (t >= n || r >= cols) continue;
+            const float4 v = *reinterpret_cast<const float4*>(sC + tok * CLD + c4);
+            const long long o = (long long)t * ldc + c0 + r;
+            if (vec && r + 4 <= cols) {
+                float4 x = v;
+                if (resid) {
+                    const float4 q = *reinterpret_cast<const float4*>(resid + o);
+                    x.x += q.x, x.y += q.y, x.z += q.z, x.w += q.w;
+                }
+                *reinterpret_cast<float4*>(C + o) = x;
+            } else {
+                const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (r + u < cols) C[o + u] = resid ? e[u] + resid[o + u] : e[u];
+            }
+        }
+        return;
+    }
+    const int o0 = r0 >> 1;  // the tile's first output of the pair
+#pragma unroll 4
+    for (int p = 0; p < BM * (BN / 2) / 4 / THREADS; ++p) {
+        const int i = threadIdx.x + THREADS * p, tok = i >> 3, c4 = 4 * (i & 7);
+        const int t = t0 + tok, r = o0 + c4;
+        if (t >= n || r >= cols) continue;
+        const float4 g = *reinterpret_cast<const float4*>(sC + tok * CLD + c4);
+        const float4 u = *reinterpret_cast<const float4*>(sC + tok * CLD + 32 + c4);
+        const float e[4] = {silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w};
+        const long long o = (long long)t * ldc + c0 + r;
+        if (vec && r + 4 <= cols) {
+            *reinterpret_cast<float4*>(C + o) = make_float4(e[0], e[1], e[2], e[3]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < 4; ++v)
+                if (r + v < cols) C[o + v] = e[v];
+        }
+    }
+}
+
+}  // namespace
+
+// C (n x cols at column c0, rows ldc apart) = A[n, K] . Wd[Rs, K]^T (+ resid), or the SwiGLU of an interleaved pair.
+// grid (ceil(Rs / 64), ceil(n / 128), S), block 128, dynamic shared memory NSTAGE * (128 + 64) * 36 floats. S > 1
+// splits K into S spans of whole stages: block z writes its raw tile to part[z * tiles + tile][128][64], and the block
+// that takes the tile's last ticket sums the partials in z order and writes C (tiles = grid.x * grid.y).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+    gemm_dense(const float* __restrict__ Wd, int Rs, int K, const float* __restrict__ A, int n, const float* resid,
+               float* C, int ldc, int c0, int cols, int pair, float* part, int* tickets) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(128) float smem[];
+    __shared__ int last;
+    pdl::begin();
+    const int r0 = blockIdx.x * BN, t0 = blockIdx.y * BM, S = gridDim.z;
+    const int span = K / S, kbeg = span * int(blockIdx.z), nk = span / BK;
+    Acc acc;
+    acc.zero();
+#pragma unroll
+    for (int s = 0; s < NSTAGE - 1; ++s) {  // the pipeline's head; a group per stage, empty past the span
+        if (s < nk) load_stage(smem + s * STAGE_FLOATS, A, K, t0, n, Wd, Rs, r0, kbeg + s * BK);
+        stage::commit();
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+        stage::wait_pending<NSTAGE - 2>();  // stage kt has landed (this thread's copies)
+        __syncthreads();                    // everyone's; and every warp is done with stage kt - 1's buffer
+        const int next = kt + NSTAGE - 1;
+        if (next < nk) load_stage(smem + (next % NSTAGE) * STAGE_FLOATS, A, K, t0, n, Wd, Rs, r0, kbeg + next * BK);
+        stage::commit();
+        acc.mma_stage(smem + (kt % NSTAGE) * STAGE_FLOATS);
+    }
+    stage::wait_pending<0>();
+    __syncthreads();  // every read of the stage buffers is done: sC goes over them
+    acc.stage_out(smem);
+    __syncthreads();
+    if (S == 1) {
+        write_out(smem, t0, n, r0, cols, pair, resid, C, ldc, c0);
+        return;
+    }
+    const int tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float* mine = part + ((long long)blockIdx.z * tiles + tile) * (BM * BN);
+    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
+        const int tok = i >> 4, c4 = 4 * (i & 15);
+        *reinterpret_cast<float4*>(mine + tok * BN + c4) = *reinterpret_cast<const float4*>(smem + tok * CLD + c4);
+    }
+    __threadfence();  // this block's partial is visible to whichever block takes the last ticket
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets + tile, 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
+        const int tok = i >> 4, c4 = 4 * (i & 15);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int z = 0; z < S; ++z) {  // z order: the sum does not depend on which block came last
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(part + ((long long)z * tiles + tile) * (BM * BN)
+                                                                     + tok * BN + c4));
+            v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+        }
+        *reinterpret_cast<float4*>(smem + tok * CLD + c4) = v;
+    }
+    __syncthreads();
+    write_out(smem, t0, n, r0, cols, pair, resid, C, ldc, c0);
+    if (threadIdx.x == 0) tickets[tile] = 0;  // for the next launch
+#endif
+}
