@@ -176,64 +176,78 @@ struct Acc {
     }
 };
 
-// The staged tile sC to C: one matrix, C[t, c0 + r0 + j] (+ resid, same layout) for j < 64 within `cols`; a pair,
-// C[t, c0 + r0 / 2 + j] = silu(sC[.][j]) * sC[.][32 + j] for j < 32 within `cols`. C and resid rows ldc apart.
-__device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0, int cols, int pair,
-                                          const float* resid, float* C, int ldc, int c0) {
-    const bool vec = ((ldc | c0) & 3) == 0;
-    if (!pair) {
-#pragma unroll 4
-        for (int p = 0; p < BM * BN / 4 / THREADS; ++p) {
-            const int i = threadIdx.x + THREADS * p, tok = i >> 4, c4 = 4 * (i & 15);
-            const int t = t0 + tok, r = r0 + c4;
-            if (t >= n || r >= cols) continue;
-            const float4 v = *reinterpret_cast<const float4*>(sC + tok * CLD + c4);
-            const long long o = (long long)t * ldc + c0 + r;
-            if (vec && r + 4 <= cols) {
-                float4 x = v;
-                if (resid) {
-                    const float4 q = *reinterpret_cast<const float4*>(resid + o);
-                    x.x += q.x, x.y += q.y, x.z += q.z, x.w += q.w;
-                }
-                *reinterpret_cast<float4*>(C + o) = x;
-            } else {
-                const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int u = 0; u < 4; ++u)
-                    if (r + u < cols) C[o + u] = resid ? e[u] + resid[o + u] : e[u];
-            }
-        }
-        return;
+// Where output columns go: global column c (c0 + a slab row of one matrix, or an output of a pair) of segment m,
+// [e(m-1), e(m)) with e(-1) = 0, is Cm[t, c - e(m-1)], rows e(m) - e(m-1) apart. One matrix: one segment (e0 = e1 =
+// e2 = R); q/k/v in one slab: three.
+struct Out {
+    float *C0, *C1, *C2;
+    int e0, e1, e2;
+
+    // Column c's segment: its array, first column and end (selects, not indexing: no local memory).
+    __device__ __forceinline__ void seg(int c, float*& C, int& s, int& e) const {
+        const bool a = c < e0, b = c < e1;
+        C = a ? C0 : b ? C1 : C2;
+        s = a ? 0 : b ? e0 : e1;
+        e = a ? e0 : b ? e1 : e2;
     }
-    const int o0 = r0 >> 1;  // the tile's first output of the pair
+    __device__ __forceinline__ float* at(int t, int c) const {
+        float* C;
+        int s, e;
+        seg(c, C, s, e);
+        return C + (long long)t * (e - s) + (c - s);
+    }
+    // Columns c .. c + 3 in one segment, at a 16-byte aligned place of it (C0..C2 are).
+    __device__ __forceinline__ bool vec4(int c) const {
+        float* C;
+        int s, e;
+        seg(c, C, s, e);
+        return c + 4 <= e && (((e - s) | (c - s)) & 3) == 0;
+    }
+};
+
+// The staged tile sC to the output: one matrix, column c0 + r0 + j (+ resid, laid out as segment 0) for j < 64 within
+// `cols`; a pair, column c0 + r0 / 2 + j = silu(sC[.][j]) * sC[.][32 + j] for j < 32 within `cols`.
+__device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0, int cols, int pair,
+                                          const float* resid, const Out& out, int c0) {
+    const int per = pair ? BN / 2 : BN, o0 = pair ? r0 >> 1 : r0;  // outputs a tile row, the tile's first
 #pragma unroll 4
-    for (int p = 0; p < BM * (BN / 2) / 4 / THREADS; ++p) {
-        const int i = threadIdx.x + THREADS * p, tok = i >> 3, c4 = 4 * (i & 7);
+    for (int p = 0; p < BM * (BN / 2) / 4 / THREADS * (pair ? 1 : 2); ++p) {
+        const int i = threadIdx.x + THREADS * p, tok = i / (per / 4), c4 = 4 * (i % (per / 4));
         const int t = t0 + tok, r = o0 + c4;
         if (t >= n || r >= cols) continue;
         const float4 g = *reinterpret_cast<const float4*>(sC + tok * CLD + c4);
-        const float4 u = *reinterpret_cast<const float4*>(sC + tok * CLD + 32 + c4);
-        const float e[4] = {silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w};
-        const long long o = (long long)t * ldc + c0 + r;
-        if (vec && r + 4 <= cols) {
-            *reinterpret_cast<float4*>(C + o) = make_float4(e[0], e[1], e[2], e[3]);
+        float e[4] = {g.x, g.y, g.z, g.w};
+        if (pair) {
+            const float4 u = *reinterpret_cast<const float4*>(sC + tok * CLD + 32 + c4);
+            e[0] = silu(g.x) * u.x, e[1] = silu(g.y) * u.y, e[2] = silu(g.z) * u.z, e[3] = silu(g.w) * u.w;
+        }
+        const int c = c0 + r;
+        if (r + 4 <= cols && out.vec4(c)) {
+            float4 v = make_float4(e[0], e[1], e[2], e[3]);
+            if (resid) {
+                const float4 q = *reinterpret_cast<const float4*>(resid + (long long)t * out.e0 + c);
+                v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+            }
+            *reinterpret_cast<float4*>(out.at(t, c)) = v;
         } else {
 #pragma unroll
-            for (int v = 0; v < 4; ++v)
-                if (r + v < cols) C[o + v] = e[v];
+            for (int u = 0; u < 4; ++u)
+                if (r + u < cols) *out.at(t, c + u) = resid ? e[u] + resid[(long long)t * out.e0 + c + u] : e[u];
         }
     }
 }
 
 }  // namespace
 
-// C (n x cols at column c0, rows ldc apart) = A[n, K] . Wd[Rs, K]^T (+ resid), or the SwiGLU of an interleaved pair.
-// grid (ceil(Rs / 64), ceil(n / 128), S), block 128, dynamic shared memory NSTAGE * (128 + 64) * 36 floats. S > 1
-// splits K into S spans of whole stages: block z writes its raw tile to part[z * tiles + tile][128][64], and the block
-// that takes the tile's last ticket sums the partials in z order and writes C (tiles = grid.x * grid.y).
+// Output columns [c0, c0 + cols) = A[n, K] . Wd[Rs, K]^T (+ resid), or the SwiGLU of an interleaved pair, into the
+// segments (C0, C1, C2) ending at columns e0 <= e1 <= e2 (Out). grid (ceil(Rs / 64), ceil(n / 128), S), block 128,
+// dynamic shared memory NSTAGE * (128 + 64) * 36 floats. S > 1 splits K into S spans of whole stages: block z writes
+// its raw tile to part[z * tiles + tile][128][64], and the block that takes the tile's last ticket sums the partials
+// in z order and writes the output (tiles = grid.x * grid.y).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
     gemm_dense(const float* __restrict__ Wd, int Rs, int K, const float* __restrict__ A, int n, const float* resid,
-               float* C, int ldc, int c0, int cols, int pair, float* part, int* tickets) {
+               float* C0, float* C1, float* C2, int e0, int e1, int e2, int c0, int cols, int pair, float* part,
+               int* tickets) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ __align__(128) float smem[];
     __shared__ int last;
@@ -259,8 +273,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
     __syncthreads();  // every read of the stage buffers is done: sC goes over them
     acc.stage_out(smem);
     __syncthreads();
+    const Out out{C0, C1, C2, e0, e1, e2};
     if (S == 1) {
-        write_out(smem, t0, n, r0, cols, pair, resid, C, ldc, c0);
+        write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
         return;
     }
     const int tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
@@ -286,7 +301,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
         *reinterpret_cast<float4*>(smem + tok * CLD + c4) = v;
     }
     __syncthreads();
-    write_out(smem, t0, n, r0, cols, pair, resid, C, ldc, c0);
+    write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
     if (threadIdx.x == 0) tickets[tile] = 0;  // for the next launch
 #endif
 }

@@ -284,6 +284,41 @@ def test_gemm_dense(ggml_type: GGMLType, shape: tuple[int, int, int], split: boo
     assert_rows_close(out.result(context), g / (1 + np.exp(-g)) * u, tolerance(ggml_type, swiglu=True), context)
 
 
+# q/k/v through one slab: the Q4_K_M mix (Q4_K, Q4_K, Q6_K) and one type, with widths that put matrix boundaries
+# inside 64-row tiles and inside slabs.
+DENSE3_CASES = [((GGMLType.Q4_K, GGMLType.Q4_K, GGMLType.Q6_K), (130, (100, 36, 70), 256)),
+                ((GGMLType.Q8_0, GGMLType.Q8_0, GGMLType.Q8_0), (300, (128, 64, 64), 96)),
+                ((GGMLType.Q5_K, GGMLType.Q6_K), (129, (40, 24), 512))]  # fmt: skip
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole_k", "split_k"])
+@pytest.mark.parametrize("case", DENSE3_CASES, ids=lambda c: "_".join(t.name for t in c[0]))
+def test_gemm_dense3(case, split: bool, seed: int) -> None:
+    needs_dense()
+    types, (n, widths, cols) = case
+    k_gemm.reserve()
+    rng = np.random.default_rng(seed)
+    ws = [Weight(rng, t, r, cols) for t, r in zip(types, widths, strict=True)]
+    a = activations(rng, n, cols)
+    d_a = DeviceArray.from_host(a)
+    context = f"gemm_dense3 {[t.name for t in types]} n={n} R={widths} K={cols} split={split} seed={seed}"
+    for slab_cols in (64, 128, sum(widths)):  # boundaries inside slabs, and one slab for all
+        outs = [Output(n, r) for r in widths]
+        slab = poisoned_slab(-(-slab_cols // 64) * 64 * cols)
+        for launch in k_gemm_dense.gemm_dense3([w.dev for w in ws], d_a, n, [o.c for o in outs], slab=slab,
+                                               split=split):  # fmt: skip
+            launch()
+        memory.synchronize(0)
+        for m, (w, o) in enumerate(zip(ws, outs, strict=True)):
+            where = f"{context} matrix {m} slab {slab_cols}"
+            got = o.result(where)
+            assert_rows_close(got, a.astype(np.float64) @ w.dense.T, tolerance(w.ggml_type), where)
+            if not split:
+                alone = Output(n, widths[m])
+                run(k_gemm.gemm(w.dev, d_a, n, alone.c, split=False))
+                assert_rows_close(got, alone.result(where), (1e-6, 1e-6), where + " against gemm")
+
+
 def test_gemm_dense_checks(seed: int) -> None:
     needs_dense()
     rng = np.random.default_rng(seed)
@@ -300,6 +335,10 @@ def test_gemm_dense_checks(seed: int) -> None:
         k_gemm_dense.gemm_dense(w.dev, a, 9, c, up=Weight(rng, GGMLType.Q6_K, 64, 256).dev, slab=slab)
     with pytest.raises(CudaError, match="needs 2560"):
         k_gemm_dense.gemm_dense(w.dev, a, 10, c, slab=slab)
+    with pytest.raises(CudaError, match="one width"):
+        k_gemm_dense.gemm_dense3([w.dev, Weight(rng, GGMLType.Q4_K, 64, 512).dev], a, 9, [c, c], slab=slab)
+    with pytest.raises(CudaError, match="1 to 3"):
+        k_gemm_dense.gemm_dense3([w.dev] * 4, a, 9, [c] * 4, slab=slab)
 
 
 def test_matmul_picks_the_two_pass_gemm_by_the_rule(monkeypatch, seed: int) -> None:
@@ -319,3 +358,8 @@ def test_matmul_picks_the_two_pass_gemm_by_the_rule(monkeypatch, seed: int) -> N
     assert [launch.name for launch in prefill.matmul(f.dev, a, 100, c)] == ["gemm.gemm_f32"]
     pair = [launch.name for launch in prefill.swiglu(w.dev, w.dev, a, 100, c)]
     assert pair == (["gemm_dense.dequant_tf32_q8_0", "gemm_dense.gemm_dense"] if dense else ["gemm.gemm_swiglu_q8_0"])
+    # q/k/v and a float matrix: the quantized ones three to a slab, the float one through gemm
+    names = [launch.name for launch in prefill.matmuls([w.dev] * 4 + [f.dev], a, 100, [c] * 5)]
+    want = ["gemm.gemm_f32"] + ["gemm_dense.dequant_tf32_q8_0"] * 3 + ["gemm_dense.gemm_dense"]
+    want += ["gemm_dense.dequant_tf32_q8_0", "gemm_dense.gemm_dense"]
+    assert names == (want if dense else ["gemm.gemm_q8_0"] * 4 + ["gemm.gemm_f32"])

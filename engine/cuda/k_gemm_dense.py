@@ -4,6 +4,8 @@ slab (dequant_tf32_{t}) and a dense TF32 GEMM over it (gemm_dense), per slab of 
 
 from __future__ import annotations
 
+import itertools
+
 from engine.cuda import dispatch, driver
 from engine.cuda.driver import Launch, i32, i64, ptr
 from engine.cuda.k_gemm import SPLIT_STEP, TILE, check_operands, check_resid, workspace
@@ -31,47 +33,91 @@ def gemm_dense(
     """c = a . w^T (+ resid), or the SwiGLU of (w, up): for each slab of output columns, a dequant_tf32 launch (the
     rows tf32-rounded; a pair interleaved in groups of 32 rows) and a gemm_dense launch into c's columns of the slab.
     sm_80 and later."""
-    pair = up is not None
-    if pair:
+    if up is not None:
         need_same_layout(w, up, "gemm_dense")
         if resid is not None:
             raise CudaError("gemm_dense: a SwiGLU pair takes no residual")
+    _check(w, a, n, c)
+    check_resid(resid, c, n, w.rows)
+    return _two_pass([w], up, a, n, [c], resid, slab, split)
+
+
+def gemm_dense3(
+    ws: list[DeviceWeight],  # 1 to 3 matrices (R_m, K) of one width (q/k/v), quantized, of any types
+    a: DeviceArray,  # (n, K) f4
+    n: int,
+    cs: list[DeviceArray],  # (n, R_m) f4 each: cs[m] = a . ws[m]^T
+    *,
+    slab: DeviceArray | None = None,
+    split: bool = True,
+) -> list[Launch]:  # fmt: skip
+    """gemm_dense of up to three matrices at once: their rows dequantized into one slab (a dequant_tf32 launch a
+    matrix), one gemm_dense launch over it writing each matrix's columns to its own output."""
+    if not 1 <= len(ws) <= 3 or len(ws) != len(cs):
+        raise CudaError(f"gemm_dense3: 1 to 3 matrices and as many outputs, got {len(ws)} and {len(cs)}")
+    if len({w.cols for w in ws}) != 1:
+        raise CudaError(f"gemm_dense3: matrices of one width, got {[w.cols for w in ws]}")
+    for w, c in zip(ws, cs, strict=True):
+        _check(w, a, n, c)
+    return _two_pass(ws, None, a, n, cs, None, slab, split)
+
+
+def _check(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray) -> None:
     check_operands(w, a, n, c)
     if w.ggml_type in FLOAT_TYPES:
         raise CudaError(f"gemm_dense: {w.name} is {w.tag}; float weights take gemm's exact float32 path")
     if driver.compute_major() < 8:
         raise CudaError("gemm_dense: tf32 tensor cores and cp.async need sm_80 or later")
-    check_resid(resid, c, n, w.rows)
+
+
+def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n: int, cs: list[DeviceArray],
+              resid: DeviceArray | None, slab: DeviceArray | None, split: bool) -> list[Launch]:  # fmt: skip
+    """The launches over the output columns of ws one after another (or of the pair ws[0], up), slab by slab."""
     work = workspace()
     if slab is None:
         if work is None or work.slab is None:
             raise CudaError("gemm_dense: no weight slab (k_gemm.reserve with REFLEX_GEMM_DENSE=1, or pass one)")
         slab = work.slab
-    R, K = w.rows, w.cols
+    pair, K = up is not None, ws[0].cols
+    ends = list(itertools.accumulate(w.rows for w in ws))  # output column ends of the matrices
+    total = ends[-1]
     unit = 32 if pair else TILE  # output columns a slab holds: whole tiles
     per_col = 2 * K if pair else K  # slab floats an output column takes
     cols = slab.size // per_col // unit * unit
     if cols < 1:
         raise CudaError(f"gemm_dense: a slab of {slab.size} floats holds no {unit} columns of {per_col} floats")
-    need(slab, "gemm_dense slab", "f4", min(cols, _round_up(R, unit)) * per_col, aligned=True)
-    dequant = driver.module("gemm_dense").fn(f"dequant_tf32_{w.tag}")
+    need(slab, "gemm_dense slab", "f4", min(cols, _round_up(total, unit)) * per_col, aligned=True)
     fn = driver.module("gemm_dense").fn("gemm_dense")
     driver.allow_smem(fn, SMEM)
+    segments = [ptr(c) for c in cs] + [ptr(cs[-1])] * (3 - len(cs))
+    segment_ends = [i32(e) for e in ends + [total] * (3 - len(ends))]
     launches = []
-    for r0 in range(0, R, cols):
-        rows = min(cols, R - r0)
+    for r0 in range(0, total, cols):
+        rows = min(cols, total - r0)
         slab_rows = 2 * _round_up(rows, 32) if pair else rows
-        groups = slab_rows * K // 8
-        launches.append(Launch(dequant, ((groups + DEQUANT_GROUPS - 1) // DEQUANT_GROUPS,), (DEQUANT_GROUPS,),
-                               [ptr(w.ptr), ptr(up.ptr if pair else None), i64(w.row_bytes), i32(R), i32(K), i32(r0),
-                                i32(rows), i32(slab_rows), ptr(slab)]))  # fmt: skip
+        if pair:
+            launches.append(_dequant(ws[0], up, r0, rows, slab_rows, slab))
+        for w, end in zip(ws if not pair else [], ends, strict=False):  # the rows of each matrix in this slab
+            first, lo, hi = end - w.rows, max(r0, end - w.rows), min(r0 + rows, end)
+            if lo < hi:
+                part = slab.view((lo - r0) * K, ((hi - lo) * K,))  # its slab rows
+                launches.append(_dequant(w, None, lo - first, hi - lo, hi - lo, part))
         gx, gy = (slab_rows + TILE - 1) // TILE, (n + TOKENS - 1) // TOKENS
         s = dispatch.gemm_splits(gx * gy, K // SPLIT_STEP) if split and work is not None else 1
         parts = [ptr(work.part), ptr(work.tickets)] if s > 1 else [ptr(None), ptr(None)]
-        args = [ptr(slab), i32(slab_rows), i32(K), ptr(a), i32(n), ptr(resid), ptr(c), i32(R), i32(r0), i32(rows),
-                i32(1 if pair else 0), *parts]  # fmt: skip
+        args = [ptr(slab), i32(slab_rows), i32(K), ptr(a), i32(n), ptr(resid), *segments, *segment_ends, i32(r0),
+                i32(rows), i32(1 if pair else 0), *parts]  # fmt: skip
         launches.append(Launch(fn, (gx, gy, s), (THREADS,), args, smem=SMEM))
     return launches
+
+
+def _dequant(w: DeviceWeight, up: DeviceWeight | None, r0: int, rows: int, slab_rows: int, out: DeviceArray) -> Launch:
+    """dequant_tf32 of w's rows [r0, r0 + rows) (with up's, interleaved, for a pair) into out's first slab_rows rows."""
+    fn = driver.module("gemm_dense").fn(f"dequant_tf32_{w.tag}")
+    groups = slab_rows * w.cols // 8
+    return Launch(fn, ((groups + DEQUANT_GROUPS - 1) // DEQUANT_GROUPS,), (DEQUANT_GROUPS,),
+                  [ptr(w.ptr), ptr(up.ptr if up is not None else None), i64(w.row_bytes), i32(w.rows), i32(w.cols),
+                   i32(r0), i32(rows), i32(slab_rows), ptr(out)])  # fmt: skip
 
 
 def _round_up(x: int, unit: int) -> int:

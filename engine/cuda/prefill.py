@@ -25,6 +25,17 @@ def swiglu(wg: DeviceWeight, wu: DeviceWeight, a: DeviceArray, n: int, c: Device
     return [k_gemm.gemm_swiglu(wg, wu, a, n, c)]
 
 
+def matmuls(ws: list[DeviceWeight], a: DeviceArray, n: int, cs: list[DeviceArray]) -> list[Launch]:
+    """cs[m][:n] = a[:n] . ws[m]^T for matrices of one input (q/k/v): those that take the two passes three at a time
+    through one slab and one gemm_dense launch (k_gemm_dense.gemm_dense3), the others a gemm each."""
+    dense = [(w, c) for w, c in zip(ws, cs, strict=True) if _dense(w, n)]
+    out = [k_gemm.gemm(w, a, n, c) for w, c in zip(ws, cs, strict=True) if not _dense(w, n)]
+    for at in range(0, len(dense), 3):
+        group = dense[at : at + 3]
+        out += k_gemm_dense.gemm_dense3([w for w, _ in group], a, n, [c for _, c in group])
+    return out
+
+
 def _dense(w: DeviceWeight, n: int) -> bool:
     work = k_gemm.workspace()
     return (work is not None and work.slab is not None and w.ggml_type not in FLOAT_TYPES

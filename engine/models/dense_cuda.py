@@ -148,7 +148,10 @@ class CudaModel:
         """dst[:n] = w · x[:n] for each (w, dst) (x RMS-normed first when norm_w). Up to three matrices of one width
         go in one launch (small_batch.matmul3: matvec3 for one token, tcmv3 for a tensor-core batch) where their
         types allow (k_matvec.matvec3_order: one type, or a Q4_K_M file's Q4_K q/k and Q6_K v), else per type, three
-        at most a launch; other batches and LoRA-adapted weights take a _matmul each."""
+        at most a launch; a GEMM batch through prefill.matmuls (one two-pass GEMM for three where it is picked); other
+        batches and LoRA-adapted weights take a _matmul each."""
+        if not use_matvec(n) and not any(self.lora.of(w.name) for w, _ in pairs):
+            return prefill.matmuls([w for w, _ in pairs], x, n, [dst for _, dst in pairs])
         fusable: list[tuple[DeviceWeight, DeviceArray]] = []
         out: list[Launch] = []
         for w, dst in pairs:
