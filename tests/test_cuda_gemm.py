@@ -76,6 +76,14 @@ def activations(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
     return rng.normal(size=(n, cols)).astype(np.float32)  # (n, cols), O(1) like RMS-normed rows
 
 
+def operands(rng: np.random.Generator, ggml_type: GGMLType, n: int, rows: int,
+             cols: int) -> tuple[Weight, Weight, np.ndarray, np.ndarray]:  # fmt: skip
+    """Two (rows, cols) weights of one type (a SwiGLU pair, or a matrix and a spare), (n, cols) activations and an
+    (n, rows) residual."""
+    w, wu = Weight(rng, ggml_type, rows, cols), Weight(rng, ggml_type, rows, cols)
+    return w, wu, activations(rng, n, cols), rng.normal(size=(n, rows)).astype(np.float32)
+
+
 def assert_rows_close(got: np.ndarray, ref: np.ndarray, tol: tuple[float, float], context: str) -> None:
     err = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)  # (n,)
     worst, median = int(np.argmax(err)), float(np.median(err))
@@ -179,10 +187,7 @@ def test_gemm_split_k(ggml_type: GGMLType, shape: tuple[int, int, int], seed: in
     n, rows, cols = shape
     needs_blocks(ggml_type, cols)
     k_gemm.reserve()
-    rng = np.random.default_rng(seed)
-    w, wu = Weight(rng, ggml_type, rows, cols), Weight(rng, ggml_type, rows, cols)
-    a = activations(rng, n, cols)
-    resid = rng.normal(size=(n, rows)).astype(np.float32)
+    w, wu, a, resid = operands(np.random.default_rng(seed), ggml_type, n, rows, cols)
     d_a = DeviceArray.from_host(a)
     context = f"split gemm {ggml_type.name} n={n} R={rows} K={cols} seed={seed}"
     launch = k_gemm.gemm(w.dev, d_a, n, Output(n, rows).c)
@@ -237,10 +242,7 @@ def test_gemm_dense(ggml_type: GGMLType, shape: tuple[int, int, int], split: boo
     n, rows, cols = shape
     needs_blocks(ggml_type, cols)
     k_gemm.reserve()
-    rng = np.random.default_rng(seed)
-    wg, wu = Weight(rng, ggml_type, rows, cols), Weight(rng, ggml_type, rows, cols)
-    a = activations(rng, n, cols)
-    resid = rng.normal(size=(n, rows)).astype(np.float32)
+    wg, wu, a, resid = operands(np.random.default_rng(seed), ggml_type, n, rows, cols)
     d_a, d_resid = DeviceArray.from_host(a), DeviceArray.from_host(resid)
     slab = poisoned_slab(64 * cols)  # 64 columns a slab (32 of a pair): R = 100 takes 2 slabs (4 as a pair)
     context = f"gemm_dense {ggml_type.name} n={n} R={rows} K={cols} split={split} seed={seed}"
