@@ -1,6 +1,7 @@
-// Prefill matmuls in two passes (sm_80 and later, quantized types): the weights dequantized into a float scratch
-// slab (dequant_tf32_{t}), then a dense TF32 GEMM over it (gemm_dense). Contract: kernels/README.md, "gemm_dense.cu";
-// the wrappers and the rule that picks this over gemm.cu: engine/cuda/k_gemm.py, engine/cuda/dispatch.py.
+// Prefill matmuls in two passes (quantized types; sm_80 or sm_90: 110 KiB of shared memory a block): the weights
+// dequantized into a float scratch slab (dequant_tf32_{t}), then a dense TF32 GEMM over it (gemm_dense). Contract:
+// kernels/README.md, "gemm_dense.cu"; the wrappers: engine/cuda/k_gemm_dense.py; the rule that picks this over
+// gemm.cu: engine/cuda/prefill.py, engine/cuda/dispatch.py.
 //
 // Why two passes: gemm.cu dequantizes each weight group inside its K loop, once per 64-token tile, through registers,
 // two stages deep; at 512 tokens (the Qwen3-0.6B shape, H200) its tiles ran at ~50 TFLOP/s, a tenth of the tensor
@@ -24,10 +25,17 @@ namespace {
 
 constexpr int DQ_THREADS = 256;  // dequant: 8 values a thread
 
-// v rounded to tf32 (to nearest, ties away: the add-and-mask of tf32.cuh's split_tf32), as a float.
-__device__ __forceinline__ float tf32_round(float v) {
-    return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+// v's bits rounded to tf32 (to nearest, ties away from zero): cvt.rna, the conversion gemm.cu's operands go through
+// (nvcuda::wmma::__float_to_tf32). Not tf32.cuh's add-and-mask, which turns the GPU's NaN (0x7fffffff) into -0 and
+// would hide a non-finite activation from the logits' check.
+__device__ __forceinline__ uint32_t tf32_rna(uint32_t bits) {
+    uint32_t r = bits;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(bits)));
+#endif
+    return r;
 }
+__device__ __forceinline__ float tf32_round(float v) { return __uint_as_float(tf32_rna(__float_as_uint(v))); }
 
 template <int T>
 __device__ __forceinline__ void dequant_rows(const uint8_t* W, const uint8_t* Wu, long long row_bytes, int R, int K,
@@ -80,12 +88,10 @@ Q_FOR_EACH_TYPE(DEQUANT_KERNEL)
 namespace {
 
 constexpr int BM = 128, BN = 64, BK = 32, LD = BK + 4, THREADS = 128;
-#ifndef DENSE_NSTAGE
-#define DENSE_NSTAGE 4
-#endif
-constexpr int NSTAGE = DENSE_NSTAGE;
+constexpr int NSTAGE = 4;  // engine/cuda/k_gemm_dense.py's SMEM follows (tests/test_layout.py holds them together)
 constexpr int STAGE_FLOATS = (BM + BN) * LD;
-constexpr int CLD = BN + 4;  // the staged output tile sC[BM][CLD], over the stage buffers
+constexpr int CLD = BN + 8;  // the staged output tile sC[BM][CLD], over the stage buffers (72: stage_out's float2
+                             // stores of rows g, g + 1 fall in distinct banks)
 static_assert(NSTAGE >= 2 && NSTAGE * STAGE_FLOATS >= BM * CLD, "the output tile is staged over the stage buffers");
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -145,7 +151,7 @@ struct Acc {
             for (int i = 0; i < 4; ++i) {
                 ldmatrix4(a[i], smem_addr(a0 + 16 * i * LD + kk));
 #pragma unroll
-                for (int e = 0; e < 4; ++e) a[i][e] = (a[i][e] + 0x1000u) & 0xffffe000u;  // tf32_round
+                for (int e = 0; e < 4; ++e) a[i][e] = tf32_rna(a[i][e]);
             }
 #pragma unroll
             for (int j = 0; j < 4; j += 2) {

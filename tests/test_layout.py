@@ -44,3 +44,18 @@ def test_kernel_type_tags_match_quant_cuh():
 def test_registry_and_specs_import_no_numpy_for_the_cuda_cold_path():
     for path in (ROOT / "engine" / "archs.py", ROOT / "engine" / "models" / "specs.py"):
         assert not re.search(r"^\s*(import numpy|from numpy|from engine\.cpu)", path.read_text(), re.M), path
+
+
+def test_gemm_dense_shared_memory_follows_the_kernel():
+    """engine/cuda/k_gemm_dense.py sizes gemm_dense's dynamic shared memory and grid from the kernel's constants."""
+    from engine.cuda import k_gemm, k_gemm_dense
+
+    text = (ROOT / "kernels" / "gemm_dense.cu").read_text()
+    tile = re.search(r"constexpr int BM = (\d+), BN = (\d+), BK = (\d+), LD = BK \+ (\d+), THREADS = (\d+);", text)
+    stages = re.search(r"constexpr int NSTAGE = (\d+);", text)
+    assert tile and stages, "gemm_dense.cu's tile constants moved"
+    bm, bn, bk, pad, threads = map(int, tile.groups())
+    assert (bm, bn, threads) == (k_gemm_dense.TOKENS, k_gemm.TILE, k_gemm_dense.THREADS)
+    assert int(stages.group(1)) == k_gemm_dense.STAGES
+    assert 4 * k_gemm_dense.STAGES * (bm + bn) * (bk + pad) == k_gemm_dense.SMEM
+    assert k_gemm.SPLIT_STEP % bk == 0  # a split takes whole stages

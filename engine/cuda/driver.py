@@ -209,11 +209,19 @@ _SMEM_OPTIN = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _smem_allowed: dict[int, int] = {}  # function -> the dynamic shared memory it was allowed
 
 
-def allow_smem(fn: ctypes.c_void_p, smem: int) -> None:
-    """Let kernel `fn` take `smem` bytes of dynamic shared memory: above 48 KiB a kernel must opt in (once)."""
+_SMEM_CARVEOUT, _CARVEOUT_MAX_SHARED = 9, 100  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, its maximum
+SMEM_OPTIN_LIMIT = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+
+def allow_smem(fn: ctypes.c_void_p, smem: int, most_shared: bool = False) -> None:
+    """Let kernel `fn` take `smem` bytes of dynamic shared memory: above 48 KiB a kernel must opt in (once).
+    most_shared: also ask for the largest shared-memory share of the SM's L1 (a hint), for a kernel that needs it to
+    keep more than one block an SM."""
     if smem > 48 * 1024 and _smem_allowed.get(fn.value, 0) < smem:
         name = _kernel_names.get(fn.value, "?")
         check(libcuda().cuFuncSetAttribute(fn, _SMEM_OPTIN, smem), f"cuFuncSetAttribute({name}, {smem} bytes)")
+        if most_shared:
+            check(libcuda().cuFuncSetAttribute(fn, _SMEM_CARVEOUT, _CARVEOUT_MAX_SHARED), f"carveout of {name}")
         _smem_allowed[fn.value] = smem
 
 

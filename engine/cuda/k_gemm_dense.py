@@ -15,7 +15,9 @@ from engine.quants import FLOAT_TYPES
 
 TOKENS = 128  # gemm_dense's tile: 128 tokens (grid.y) x TILE = 64 slab rows (grid.x); its stages are 32 values
 THREADS = 128
-SMEM = 4 * 4 * (TOKENS + TILE) * 36  # 4 stages of A and W tiles in rows of 32 + 4 floats: 110,592 bytes
+STAGES = 4  # kernels/gemm_dense.cu's NSTAGE
+SMEM = 4 * STAGES * (TOKENS + TILE) * 36  # the stages' A and W tiles in rows of 32 + 4 floats: 110,592 bytes
+STATIC_SMEM = 128  # the kernel's own (its ticket), beside SMEM in a block's share
 DEQUANT_GROUPS = 256  # 8-value groups of the slab one dequant_tf32 block writes
 
 
@@ -32,7 +34,7 @@ def gemm_dense(
 ) -> list[Launch]:  # fmt: skip
     """c = a . w^T (+ resid), or the SwiGLU of (w, up): for each slab of output columns, a dequant_tf32 launch (the
     rows tf32-rounded; a pair interleaved in groups of 32 rows) and a gemm_dense launch into c's columns of the slab.
-    sm_80 and later."""
+    Where fits()."""
     if up is not None:
         need_same_layout(w, up, "gemm_dense")
         if resid is not None:
@@ -62,12 +64,18 @@ def gemm_dense3(
     return _two_pass(ws, None, a, n, cs, None, slab, split)
 
 
+def fits(device: int = 0) -> bool:
+    """Whether the GPU runs gemm_dense: sm_80 or later (tf32 mma, cp.async) with SMEM of shared memory a block
+    (sm_80 and sm_90 have it; sm_86 and sm_89 allow 99 KiB)."""
+    return driver.compute_major(device) >= 8 and driver.attribute(driver.SMEM_OPTIN_LIMIT, device) >= SMEM + STATIC_SMEM
+
+
 def _check(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray) -> None:
     check_operands(w, a, n, c)
     if w.ggml_type in FLOAT_TYPES:
         raise CudaError(f"gemm_dense: {w.name} is {w.tag}; float weights take gemm's exact float32 path")
-    if driver.compute_major() < 8:
-        raise CudaError("gemm_dense: tf32 tensor cores and cp.async need sm_80 or later")
+    if not fits():
+        raise CudaError(f"gemm_dense: needs sm_80 or later and {SMEM + STATIC_SMEM} bytes of shared memory a block")
 
 
 def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n: int, cs: list[DeviceArray],
@@ -88,7 +96,7 @@ def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n
         raise CudaError(f"gemm_dense: a slab of {slab.size} floats holds no {unit} columns of {per_col} floats")
     need(slab, "gemm_dense slab", "f4", min(cols, _round_up(total, unit)) * per_col, aligned=True)
     fn = driver.module("gemm_dense").fn("gemm_dense")
-    driver.allow_smem(fn, SMEM)
+    driver.allow_smem(fn, SMEM, most_shared=True)  # two blocks an SM: 2 x 110.7 KiB of the 228 an sm_90 has
     segments = [ptr(c) for c in cs] + [ptr(cs[-1])] * (3 - len(cs))
     segment_ends = [i32(e) for e in ends + [total] * (3 - len(ends))]
     launches = []

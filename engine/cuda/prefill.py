@@ -39,4 +39,4 @@ def matmuls(ws: list[DeviceWeight], a: DeviceArray, n: int, cs: list[DeviceArray
 def _dense(w: DeviceWeight, n: int) -> bool:
     work = k_gemm.workspace()
     return (work is not None and work.slab is not None and w.ggml_type not in FLOAT_TYPES
-            and dispatch.dense_gemm(n, driver.compute_major()))  # fmt: skip
+            and dispatch.dense_gemm(n, driver.compute_major()) and k_gemm_dense.fits())  # fmt: skip
