@@ -321,6 +321,23 @@ def test_gemm_dense3(case, split: bool, seed: int) -> None:
                 assert_rows_close(got, alone.result(where), (1e-6, 1e-6), where + " against gemm")
 
 
+def test_gemm_dense_keeps_a_nan(seed: int) -> None:
+    """A NaN activation makes its token's outputs NaN (and no other's), as in gemm: the logits' finiteness check
+    must see it (a tf32 rounding by add-and-mask would turn the GPU's NaN, 0x7fffffff, into -0)."""
+    needs_dense()
+    rng = np.random.default_rng(seed)
+    w = Weight(rng, GGMLType.Q4_K, 64, 256)
+    a = activations(rng, 130, 256)
+    a[3, 5] = np.uint32(0x7FFFFFFF).view(np.float32)
+    d_a, c = DeviceArray.from_host(a), DeviceArray.empty((130, 64))
+    for launch in k_gemm_dense.gemm_dense(w.dev, d_a, 130, c, slab=poisoned_slab(64 * 256)):
+        launch()
+    memory.synchronize(0)
+    got = c.to_host().reshape(130, 64)
+    assert np.isnan(got[3]).all(), f"seed {seed}: token 3's outputs {got[3][:8]}"
+    assert np.isfinite(np.delete(got, 3, axis=0)).all(), f"seed {seed}: a NaN outside token 3"
+
+
 def test_gemm_dense_checks(seed: int) -> None:
     needs_dense()
     rng = np.random.default_rng(seed)
