@@ -25,9 +25,9 @@
 #   attntc     the tensor-core prefill attention (attn_prefill_tc, on by default): its kernel tests, bench_attention.py,
 #              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
 #              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
-#   dense      the two-pass prefill GEMM (kernels/gemm_dense.cu, REFLEX_GEMM_DENSE=1, off by default): its kernel and
-#              model tests, then engine bench and engine profile --batch 512 / 256 / 128 off and on (its bound at 65
-#              tokens), interleaved, twice
+#   gemmtc     the tensor-core prefill GEMMs (kernels/gemm_tc.cu, REFLEX_PREFILL_GEMM=dense|pipe; gemm.cu's "tile"
+#              by default): their kernel and model tests, then engine bench and engine profile --batch 512 / 256 /
+#              128 for tile, dense and pipe (from 65 tokens on), interleaved, twice
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
 #              (COLDAB_VARIANTS, default: base, release kernels if built, prefetch, late upload, readahead, modules
 #              on first use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit
@@ -184,28 +184,30 @@ for stage in $STAGES; do
           done
         done
       fi ;;
-    dense)
+    gemmtc)
       m=$PWD/bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
-      [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/dense.log" 2>&1
-      timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_gemm.py tests/test_cuda_model.py \
-        -k "dense or matmul_picks or two_pass" > "$OUT/dense_tests.log" 2>&1 || stage_exit=1
-      tail -n 3 "$OUT/dense_tests.log"
-      if [ $stage_exit = 0 ]; then  # off, on (past 64 tokens), interleaved, two rounds
+      [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/gemmtc.log" 2>&1
+      timeout 500 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_gemm.py tests/test_cuda_model.py \
+        -k "dense or pipe or gemm_tc or prefill_picks or tensor_core_prefill" > "$OUT/gemmtc_tests.log" 2>&1 ||
+        stage_exit=1
+      tail -n 3 "$OUT/gemmtc_tests.log"
+      if [ $stage_exit = 0 ]; then  # gemm.cu's tile, dense, pipe (past 64 tokens), interleaved, two rounds
         for round in 1 2; do
-          for v in "off REFLEX_GEMM_DENSE=0" "on REFLEX_GEMM_DENSE=1 REFLEX_GEMM_DENSE_MIN=65"; do
-            set -- $v; name=$1; shift
-            env "$@" timeout 120 python3 -m engine bench "$m" > "$OUT/dense_bench_${name}_$round.json" 2>> "$OUT/dense.log"
+          for v in tile dense pipe; do
+            export REFLEX_PREFILL_GEMM=$v REFLEX_PREFILL_GEMM_MIN=65
+            timeout 120 python3 -m engine bench "$m" > "$OUT/gemmtc_bench_${v}_$round.json" 2>> "$OUT/gemmtc.log"
             for b in 512 256 128; do
-              env "$@" timeout 120 python3 -m engine profile "$m" --repeats 10 --batch $b \
-                > "$OUT/dense_profile_${name}_b${b}_$round.json" 2>> "$OUT/dense.log"
+              timeout 120 python3 -m engine profile "$m" --repeats 10 --batch $b \
+                > "$OUT/gemmtc_profile_${v}_b${b}_$round.json" 2>> "$OUT/gemmtc.log"
             done
+            unset REFLEX_PREFILL_GEMM REFLEX_PREFILL_GEMM_MIN
             python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['warm']; print(sys.argv[2], sys.argv[3],
-              {k: w.get(k) for k in ('prefill_128', 'prefill_512')})" "$OUT/dense_bench_${name}_$round.json" $name \
+              {k: w.get(k) for k in ('prefill_128', 'prefill_512')})" "$OUT/gemmtc_bench_${v}_$round.json" $v \
               $round 2>&1 | cut -c1-400
             for b in 512 256 128; do
               python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r['step_ms'], 'ms',
-                [(k['kernel'], k['us']) for k in r['by_kernel'][:4]])" "$OUT/dense_profile_${name}_b${b}_$round.json" \
-                "$name b$b" 2>&1 | cut -c1-400
+                [(k['kernel'], k['us']) for k in r['by_kernel'][:5]])" "$OUT/gemmtc_profile_${v}_b${b}_$round.json" \
+                "$v b$b" 2>&1 | cut -c1-400
             done
           done
         done

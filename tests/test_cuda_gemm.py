@@ -17,9 +17,9 @@ import os
 import numpy as np
 import pytest
 
-from engine.cuda import driver, k_gemm, k_gemm_dense, memory, prefill
+from engine.cuda import driver, k_gemm, k_gemm_tc, memory, prefill
 from engine.cuda.memory import DeviceArray
-from engine.errors import CudaError
+from engine.errors import CudaError, InvalidInput
 from engine.quants import FLOAT_TYPES, KERNEL_TAGS, GGMLType
 from tests.cuda_util import Weight, cuda_context, needs_blocks  # noqa: F401 - cuda_context: autouse fixture
 
@@ -212,7 +212,7 @@ def test_gemm_split_k(ggml_type: GGMLType, shape: tuple[int, int, int], seed: in
     assert_rows_close(out.result(context), g / (1 + np.exp(-g)) * u, tolerance(ggml_type, swiglu=True), context)
 
 
-# The two-pass GEMM (kernels/gemm_dense.cu, k_gemm_dense.gemm_dense): sm_80 and later, quantized types; one matrix
+# The two-pass GEMM (kernels/gemm_tc.cu, k_gemm_tc.gemm_dense): sm_80 and later, quantized types; one matrix
 # (with a residual, separate or in place) or the interleaved SwiGLU pair, over slabs of the output columns. Its
 # roundings are gemm's (tf32 operands, float32 sums in the same k order), so it is held to gemm's bounds and, unsplit,
 # to gemm's own result within float32 rounding; the slab is poisoned first, so a slab row the dequant pass leaves
@@ -224,7 +224,7 @@ DENSE_SHAPES = [(300, 100, 256), (129, 1024, 1024), (512, 70, 96), (65, 33, 256)
 
 
 def needs_dense() -> None:
-    if not k_gemm_dense.fits():
+    if not k_gemm_tc.fits():
         pytest.skip("gemm_dense needs sm_80 or later and 110 KiB of shared memory a block")
 
 
@@ -250,7 +250,7 @@ def test_gemm_dense(ggml_type: GGMLType, shape: tuple[int, int, int], split: boo
     g, u = a64 @ wg.dense.T, a64 @ wu.dense.T
 
     out = Output(n, rows)
-    launches = k_gemm_dense.gemm_dense(wg.dev, d_a, n, out.c, slab=slab, split=split)
+    launches = k_gemm_tc.gemm_dense(wg.dev, d_a, n, out.c, slab=slab, split=split)
     assert len(launches) == 2 * -(-rows // 64), f"{context}: {len(launches)} launches"
     for launch in launches:
         launch()
@@ -263,7 +263,7 @@ def test_gemm_dense(ggml_type: GGMLType, shape: tuple[int, int, int], split: boo
         assert_rows_close(got, whole.result(context), (1e-6, 1e-6), context + " against gemm")
 
     out = Output(n, rows)
-    for launch in k_gemm_dense.gemm_dense(wg.dev, d_a, n, out.c, resid=d_resid, slab=slab, split=split):
+    for launch in k_gemm_tc.gemm_dense(wg.dev, d_a, n, out.c, resid=d_resid, slab=slab, split=split):
         launch()
     memory.synchronize(0)
     assert_rows_close(out.result(context) - resid, g, (tolerance(ggml_type)[0] + 1e-6, tolerance(ggml_type)[1] + 1e-6),
@@ -272,14 +272,14 @@ def test_gemm_dense(ggml_type: GGMLType, shape: tuple[int, int, int], split: boo
     results = []
     for _ in range(2):  # in place, twice: the same bits (a fixed order of the split sums; tickets left at zero)
         out = Output(n, rows, initial=resid)
-        for launch in k_gemm_dense.gemm_dense(wg.dev, d_a, n, out.c, resid=out.c, slab=slab, split=split):
+        for launch in k_gemm_tc.gemm_dense(wg.dev, d_a, n, out.c, resid=out.c, slab=slab, split=split):
             launch()
         memory.synchronize(0)
         results.append(out.result(context + " in place"))
     assert (results[0] == results[1]).all(), f"{context}: two launches differ"
 
     out = Output(n, rows)
-    for launch in k_gemm_dense.gemm_dense(wg.dev, d_a, n, out.c, up=wu.dev, slab=slab, split=split):
+    for launch in k_gemm_tc.gemm_dense(wg.dev, d_a, n, out.c, up=wu.dev, slab=slab, split=split):
         launch()
     memory.synchronize(0)
     context = context.replace("gemm_dense", "gemm_dense swiglu")
@@ -307,7 +307,7 @@ def test_gemm_dense3(case, split: bool, seed: int) -> None:
     for slab_cols in (64, 128, sum(widths)):  # boundaries inside slabs, and one slab for all
         outs = [Output(n, r) for r in widths]
         slab = poisoned_slab(-(-slab_cols // 64) * 64 * cols)
-        for launch in k_gemm_dense.gemm_dense3([w.dev for w in ws], d_a, n, [o.c for o in outs], slab=slab,
+        for launch in k_gemm_tc.gemm_dense3([w.dev for w in ws], d_a, n, [o.c for o in outs], slab=slab,
                                                split=split):  # fmt: skip
             launch()
         memory.synchronize(0)
@@ -321,21 +321,63 @@ def test_gemm_dense3(case, split: bool, seed: int) -> None:
                 assert_rows_close(got, alone.result(where), (1e-6, 1e-6), where + " against gemm")
 
 
-def test_gemm_dense_keeps_a_nan(seed: int) -> None:
-    """A NaN activation makes its token's outputs NaN (and no other's), as in gemm: the logits' finiteness check
-    must see it (a tf32 rounding by add-and-mask would turn the GPU's NaN, 0x7fffffff, into -0)."""
+@pytest.mark.parametrize("split", [False, True], ids=["whole_k", "split_k"])
+@pytest.mark.parametrize("shape", DENSE_SHAPES, ids=lambda s: "n{}_R{}_K{}".format(*s))
+@pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
+def test_gemm_pipe(ggml_type: GGMLType, shape: tuple[int, int, int], split: bool, seed: int) -> None:
+    """gemm_pipe_{t} (the GGUF rows staged raw, dequantized beside the multiply): gemm's bounds, gemm's own result
+    unsplit within float32 rounding (the same roundings and k order), the residual forms, the same bits twice, and
+    the SwiGLU pair."""
+    needs_dense()
+    n, rows, cols = shape
+    needs_blocks(ggml_type, cols)
+    k_gemm.reserve()
+    wg, wu, a, resid = operands(np.random.default_rng(seed), ggml_type, n, rows, cols)
+    d_a = DeviceArray.from_host(a)
+    context = f"gemm_pipe {ggml_type.name} n={n} R={rows} K={cols} split={split} seed={seed}"
+    a64 = a.astype(np.float64)
+    g, u = a64 @ wg.dense.T, a64 @ wu.dense.T
+    out = Output(n, rows)
+    run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, split=split))
+    got = out.result(context)
+    assert_rows_close(got, g, tolerance(ggml_type), context)
+    if not split:
+        whole = Output(n, rows)
+        run(k_gemm.gemm(wg.dev, d_a, n, whole.c, split=False))
+        assert_rows_close(got, whole.result(context), (1e-6, 1e-6), context + " against gemm")
+    results = []
+    for _ in range(2):  # in place, twice
+        out = Output(n, rows, initial=resid)
+        run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, resid=out.c, split=split))
+        results.append(out.result(context + " in place"))
+    bound = (tolerance(ggml_type)[0] + 1e-6, tolerance(ggml_type)[1] + 1e-6)
+    assert_rows_close(results[0] - resid, g, bound, context + " +resid")
+    assert (results[0] == results[1]).all(), f"{context}: two launches differ"
+    out = Output(n, rows)
+    run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, up=wu.dev, split=split))
+    context = context.replace("gemm_pipe", "gemm_pipe swiglu")
+    assert_rows_close(out.result(context), g / (1 + np.exp(-g)) * u, tolerance(ggml_type, swiglu=True), context)
+
+
+def test_gemm_tc_keeps_a_nan(seed: int) -> None:
+    """A NaN activation makes its token's outputs NaN (and no other's) in gemm_dense and gemm_pipe, as in gemm: the
+    logits' finiteness check must see it (a tf32 rounding by add-and-mask would turn the GPU's NaN, 0x7fffffff, into
+    -0)."""
     needs_dense()
     rng = np.random.default_rng(seed)
     w = Weight(rng, GGMLType.Q4_K, 64, 256)
     a = activations(rng, 130, 256)
     a[3, 5] = np.uint32(0x7FFFFFFF).view(np.float32)
     d_a, c = DeviceArray.from_host(a), DeviceArray.empty((130, 64))
-    for launch in k_gemm_dense.gemm_dense(w.dev, d_a, 130, c, slab=poisoned_slab(64 * 256)):
-        launch()
-    memory.synchronize(0)
-    got = c.to_host().reshape(130, 64)
-    assert np.isnan(got[3]).all(), f"seed {seed}: token 3's outputs {got[3][:8]}"
-    assert np.isfinite(np.delete(got, 3, axis=0)).all(), f"seed {seed}: a NaN outside token 3"
+    for kind, launches in (("dense", k_gemm_tc.gemm_dense(w.dev, d_a, 130, c, slab=poisoned_slab(64 * 256))),
+                           ("pipe", [k_gemm_tc.gemm_pipe(w.dev, d_a, 130, c)])):  # fmt: skip
+        c.fill_byte(0)
+        for launch in launches:
+            launch()
+        memory.synchronize(0)
+        got = c.to_host().reshape(130, 64)
+        assert np.isnan(got[3]).all(), f"{kind} seed {seed}: token 3's outputs {got[3][:8]}"
+        assert np.isfinite(np.delete(got, 3, axis=0)).all(), f"{kind} seed {seed}: a NaN outside token 3"
 
 
 def test_gemm_dense_checks(seed: int) -> None:
@@ -343,42 +385,57 @@ def test_gemm_dense_checks(seed: int) -> None:
     rng = np.random.default_rng(seed)
     w, wu = Weight(rng, GGMLType.Q4_K, 64, 256), Weight(rng, GGMLType.Q4_K, 64, 256)
     a, c, slab = DeviceArray.empty((9, 256)), DeviceArray.empty((9, 64)), DeviceArray.empty((64 * 256,))
-    k_gemm_dense.gemm_dense(w.dev, a, 9, c, slab=slab)  # the valid call
+    k_gemm_tc.gemm_dense(w.dev, a, 9, c, slab=slab)  # the valid call
     with pytest.raises(CudaError, match="float32"):
-        k_gemm_dense.gemm_dense(Weight(rng, GGMLType.F16, 64, 256).dev, a, 9, c, slab=slab)
+        k_gemm_tc.gemm_dense(Weight(rng, GGMLType.F16, 64, 256).dev, a, 9, c, slab=slab)
     with pytest.raises(CudaError, match="no residual"):
-        k_gemm_dense.gemm_dense(w.dev, a, 9, c, resid=c, up=wu.dev, slab=slab)
+        k_gemm_tc.gemm_dense(w.dev, a, 9, c, resid=c, up=wu.dev, slab=slab)
     with pytest.raises(CudaError, match="holds no"):
-        k_gemm_dense.gemm_dense(w.dev, a, 9, c, slab=DeviceArray.empty((63 * 256,)))
+        k_gemm_tc.gemm_dense(w.dev, a, 9, c, slab=DeviceArray.empty((63 * 256,)))
     with pytest.raises(CudaError, match="differ"):
-        k_gemm_dense.gemm_dense(w.dev, a, 9, c, up=Weight(rng, GGMLType.Q6_K, 64, 256).dev, slab=slab)
+        k_gemm_tc.gemm_dense(w.dev, a, 9, c, up=Weight(rng, GGMLType.Q6_K, 64, 256).dev, slab=slab)
     with pytest.raises(CudaError, match="needs 2560"):
-        k_gemm_dense.gemm_dense(w.dev, a, 10, c, slab=slab)
+        k_gemm_tc.gemm_dense(w.dev, a, 10, c, slab=slab)
     with pytest.raises(CudaError, match="one width"):
-        k_gemm_dense.gemm_dense3([w.dev, Weight(rng, GGMLType.Q4_K, 64, 512).dev], a, 9, [c, c], slab=slab)
+        k_gemm_tc.gemm_dense3([w.dev, Weight(rng, GGMLType.Q4_K, 64, 512).dev], a, 9, [c, c], slab=slab)
     with pytest.raises(CudaError, match="1 to 3"):
-        k_gemm_dense.gemm_dense3([w.dev] * 4, a, 9, [c] * 4, slab=slab)
+        k_gemm_tc.gemm_dense3([w.dev] * 4, a, 9, [c] * 4, slab=slab)
 
 
-def test_matmul_picks_the_two_pass_gemm_by_the_rule(monkeypatch, seed: int) -> None:
-    """prefill.matmul / swiglu: gemm_dense past REFLEX_GEMM_DENSE_MIN tokens where REFLEX_GEMM_DENSE=1 (its slab then
-    reserved) on sm_90, gemm below it and for float weights."""
+def test_prefill_picks_the_gemm_by_the_rule(monkeypatch, seed: int) -> None:
+    """prefill.matmul / swiglu / matmuls: REFLEX_PREFILL_GEMM's kernel from REFLEX_PREFILL_GEMM_MIN tokens on (sm_90;
+    the dense one's slab reserved when it is named), gemm.cu below it and for float weights."""
     needs_dense()
-    monkeypatch.setenv("REFLEX_GEMM_DENSE", "1")
-    monkeypatch.setenv("REFLEX_GEMM_DENSE_MIN", "100")
-    k_gemm.reserve()
+    monkeypatch.setenv("REFLEX_PREFILL_GEMM_MIN", "100")
     rng = np.random.default_rng(seed)
     w, f = Weight(rng, GGMLType.Q8_0, 64, 256), Weight(rng, GGMLType.F32, 64, 256)
     a, c = DeviceArray.empty((100, 256)), DeviceArray.empty((100, 64))
-    names = [launch.name for launch in prefill.matmul(w.dev, a, 100, c)]
-    dense = driver.compute_major() >= 9  # dispatch.dense_gemm's rule
-    assert names == (["gemm_dense.dequant_tf32_q8_0", "gemm_dense.gemm_dense"] if dense else ["gemm.gemm_q8_0"])
-    assert [launch.name for launch in prefill.matmul(w.dev, a, 99, c)] == ["gemm.gemm_q8_0"]
-    assert [launch.name for launch in prefill.matmul(f.dev, a, 100, c)] == ["gemm.gemm_f32"]
-    pair = [launch.name for launch in prefill.swiglu(w.dev, w.dev, a, 100, c)]
-    assert pair == (["gemm_dense.dequant_tf32_q8_0", "gemm_dense.gemm_dense"] if dense else ["gemm.gemm_swiglu_q8_0"])
+    sm90 = driver.compute_major() >= 9  # dispatch.prefill_gemm's rule
+
+    def names(launches) -> list[str]:
+        return [launch.name for launch in launches]
+
+    monkeypatch.setenv("REFLEX_PREFILL_GEMM", "dense")
+    k_gemm.reserve()
+    dense = ["gemm_tc.dequant_tf32_q8_0", "gemm_tc.gemm_dense"]
+    assert names(prefill.matmul(w.dev, a, 100, c)) == (dense if sm90 else ["gemm.gemm_q8_0"])
+    assert names(prefill.matmul(w.dev, a, 99, c)) == ["gemm.gemm_q8_0"]
+    assert names(prefill.matmul(f.dev, a, 100, c)) == ["gemm.gemm_f32"]
+    assert names(prefill.swiglu(w.dev, w.dev, a, 100, c)) == (dense if sm90 else ["gemm.gemm_swiglu_q8_0"])
     # q/k/v and a float matrix: the quantized ones three to a slab, the float one through gemm
-    names = [launch.name for launch in prefill.matmuls([w.dev] * 4 + [f.dev], a, 100, [c] * 5)]
-    want = ["gemm.gemm_f32"] + ["gemm_dense.dequant_tf32_q8_0"] * 3 + ["gemm_dense.gemm_dense"]
-    want += ["gemm_dense.dequant_tf32_q8_0", "gemm_dense.gemm_dense"]
-    assert names == (want if dense else ["gemm.gemm_q8_0"] * 4 + ["gemm.gemm_f32"])
+    want = ["gemm.gemm_f32"] + ["gemm_tc.dequant_tf32_q8_0"] * 3 + ["gemm_tc.gemm_dense"] + dense
+    got = names(prefill.matmuls([w.dev] * 4 + [f.dev], a, 100, [c] * 5))
+    assert got == (want if sm90 else ["gemm.gemm_q8_0"] * 4 + ["gemm.gemm_f32"])
+
+    monkeypatch.setenv("REFLEX_PREFILL_GEMM", "pipe")
+    assert names(prefill.matmul(w.dev, a, 100, c)) == (["gemm_tc.gemm_pipe_q8_0"] if sm90 else ["gemm.gemm_q8_0"])
+    assert names(prefill.swiglu(w.dev, w.dev, a, 100, c)) == (["gemm_tc.gemm_pipe_q8_0"] if sm90 else
+                                                              ["gemm.gemm_swiglu_q8_0"])  # fmt: skip
+    assert names(prefill.matmuls([w.dev, f.dev], a, 100, [c] * 2)) == (
+        ["gemm_tc.gemm_pipe_q8_0", "gemm.gemm_f32"] if sm90 else ["gemm.gemm_q8_0", "gemm.gemm_f32"])  # fmt: skip
+
+    monkeypatch.setenv("REFLEX_PREFILL_GEMM", "tile")
+    assert names(prefill.matmul(w.dev, a, 100, c)) == ["gemm.gemm_q8_0"]
+    monkeypatch.setenv("REFLEX_PREFILL_GEMM", "fast")
+    with pytest.raises(InvalidInput, match="REFLEX_PREFILL_GEMM"):
+        prefill.matmul(w.dev, a, 100, c)

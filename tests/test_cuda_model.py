@@ -60,21 +60,22 @@ def test_cuda_matches_cpu_backend(pair):
         assert np.abs(a - b).max() <= tol * max(1.0, np.abs(b).max()), (name, prefill, np.abs(a - b).max())
 
 
-def test_two_pass_gemm_matches_cpu_backend(pair, monkeypatch):
-    """The quantized files with the two-pass GEMM (kernels/gemm_dense.cu) on and its bound at 65 tokens: the
+@pytest.mark.parametrize("kind", ["dense", "pipe"])
+def test_tensor_core_prefill_gemms_match_cpu_backend(pair, kind, monkeypatch):
+    """The quantized files with a prefill GEMM of kernels/gemm_tc.cu (REFLEX_PREFILL_GEMM) from 65 tokens on: the
     100-token prefill goes through it, held to test_cuda_matches_cpu_backend's bound."""
     name, _, cpu = pair
     if not C.is_quantized(name) or driver.compute_major() < 9:
-        pytest.skip("the two-pass GEMM takes quantized weights on sm_90")
-    monkeypatch.setenv("REFLEX_GEMM_DENSE", "1")
-    monkeypatch.setenv("REFLEX_GEMM_DENSE_MIN", "65")
+        pytest.skip("the tensor-core prefill GEMMs take quantized weights on sm_90")
+    monkeypatch.setenv("REFLEX_PREFILL_GEMM", kind)
+    monkeypatch.setenv("REFLEX_PREFILL_GEMM_MIN", "65")
     cuda = Engine.load(C.fixture_path(name, ".gguf"), backend="cuda", max_seq_len=512)
     ids = cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n")
     ids = (ids * 4)[:100]
     names = {launch.name for launch in cuda.runner.batch_launches(ids)}
-    assert "gemm_dense.gemm_dense" in names, sorted(names)
+    assert any(x.startswith(f"gemm_tc.gemm_{kind}") for x in names), sorted(names)
     a, b = cuda.logits(ids), cpu.logits(ids)
-    assert np.abs(a - b).max() <= 2e-3 * max(1.0, np.abs(b).max()), (name, np.abs(a - b).max())
+    assert np.abs(a - b).max() <= 2e-3 * max(1.0, np.abs(b).max()), (name, kind, np.abs(a - b).max())
 
 
 def test_system1_and_sampling_agree_with_cpu(pair):

@@ -46,16 +46,20 @@ def test_registry_and_specs_import_no_numpy_for_the_cuda_cold_path():
         assert not re.search(r"^\s*(import numpy|from numpy|from engine\.cpu)", path.read_text(), re.M), path
 
 
-def test_gemm_dense_shared_memory_follows_the_kernel():
-    """engine/cuda/k_gemm_dense.py sizes gemm_dense's dynamic shared memory and grid from the kernel's constants."""
-    from engine.cuda import k_gemm, k_gemm_dense
+def test_gemm_tc_shared_memory_follows_the_kernel():
+    """engine/cuda/k_gemm_tc.py sizes gemm_dense's and gemm_pipe's dynamic shared memory and grids from the kernel's
+    constants."""
+    from engine.cuda import k_gemm, k_gemm_tc
 
-    text = (ROOT / "kernels" / "gemm_dense.cu").read_text()
+    text = (ROOT / "kernels" / "gemm_tc.cu").read_text()
     tile = re.search(r"constexpr int BM = (\d+), BN = (\d+), BK = (\d+), LD = BK \+ (\d+), THREADS = (\d+);", text)
     stages = re.search(r"constexpr int NSTAGE = (\d+);", text)
-    assert tile and stages, "gemm_dense.cu's tile constants moved"
+    assert tile and stages, "gemm_tc.cu's tile constants moved"
     bm, bn, bk, pad, threads = map(int, tile.groups())
-    assert (bm, bn, threads) == (k_gemm_dense.TOKENS, k_gemm.TILE, k_gemm_dense.THREADS)
-    assert int(stages.group(1)) == k_gemm_dense.STAGES
-    assert 4 * k_gemm_dense.STAGES * (bm + bn) * (bk + pad) == k_gemm_dense.SMEM
+    assert (bm, bn, threads) == (k_gemm_tc.TOKENS, k_gemm.TILE, k_gemm_tc.THREADS)
+    assert int(stages.group(1)) == k_gemm_tc.STAGES
+    assert 4 * k_gemm_tc.STAGES * (bm + bn) * (bk + pad) == k_gemm_tc.SMEM
     assert k_gemm.SPLIT_STEP % bk == 0  # a split takes whole stages
+    pipe = re.search(r"constexpr int RAW_K = (\d+), PIPE_STAGES = (\d+);", text)
+    assert pipe, "gemm_tc.cu's pipe constants moved"
+    assert (int(pipe.group(1)), int(pipe.group(2))) == (k_gemm_tc.RAW_K, k_gemm_tc.PIPE_STAGES)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from engine.errors import env_int
+from engine.errors import InvalidInput, env_int
 
 SMALL_BATCH = 8  # tokens one matvec launch serves (one weight read for all of them: k_matvec.TOKEN_BUCKETS)
 
@@ -137,23 +137,34 @@ def gemm_splits(blocks: int, k_stages: int) -> int:
     return max(s, 1)
 
 
-# From DENSE_MIN tokens, on sm_90, a quantized matmul in two passes (kernels/gemm_dense.cu: the weights dequantized
-# into a float slab, then a dense TF32 GEMM, cp.async four stages deep, 128-token tiles) rather than gemm.cu's one,
-# which dequantizes inside its K loop once per 64-token tile and ran at ~50 TFLOP/s at pp512 on an H200 (2026-12-05,
-# the Qwen3-0.6B shape: ~9.3 of the 11.5 ms step). The same roundings (tf32 operands, float32 sums). Not measured
-# yet: off unless REFLEX_GEMM_DENSE=1 (REFLEX_GEMM_DENSE_MIN sets the bound), and sm_90 only (its 110 KiB of shared
-# memory a block leaves sm_86 / sm_89 out; sm_80 untried).
-DENSE_MIN = 256
+# From PREFILL_TC_MIN tokens, on sm_90, a quantized matmul may take one of kernels/gemm_tc.cu's pipelined TF32 tiles
+# (128 tokens x 64 rows, cp.async stages, ldmatrix, mma.sync) rather than gemm.cu's, which dequantizes inside its K
+# loop through registers, two stages deep, and ran at ~50 TFLOP/s at pp512 on an H200 (2026-12-05, the Qwen3-0.6B
+# shape: ~9.3 of the 11.5 ms step): "dense" dequantizes the weights into a float slab first (a second pass) and
+# multiplies the slab; "pipe" stages the GGUF rows raw and dequantizes them beside the multiply. The same roundings
+# as gemm.cu (tf32 operands, float32 sums in k order). Not measured yet: "tile" (gemm.cu) unless REFLEX_PREFILL_GEMM
+# names another (REFLEX_PREFILL_GEMM_MIN sets the bound); sm_90 only (sm_86 / sm_89 lack their 110 KiB of shared
+# memory a block; sm_80 untried).
+PREFILL_GEMMS = ("tile", "dense", "pipe")
+PREFILL_TC_MIN = 256
 
 
-def dense_gemm_enabled() -> bool:
-    """Whether the two-pass GEMM may be chosen at all (its weight slab is reserved only then: k_gemm.reserve)."""
-    return os.environ.get("REFLEX_GEMM_DENSE", "0") == "1"
+def prefill_gemm_named() -> str:
+    """The prefill GEMM REFLEX_PREFILL_GEMM names (default "tile": gemm.cu); the dense one's slab is reserved only
+    when it is named (k_gemm.reserve)."""
+    name = os.environ.get("REFLEX_PREFILL_GEMM", "tile")
+    if name not in PREFILL_GEMMS:
+        raise InvalidInput(f"REFLEX_PREFILL_GEMM must be one of {', '.join(PREFILL_GEMMS)}, got {name!r}")
+    return name
 
 
-def dense_gemm(n: int, major: int) -> bool:
-    """Whether a quantized matmul of n tokens on a GPU of compute capability `major` takes the two-pass GEMM."""
-    return dense_gemm_enabled() and major >= 9 and n >= env_int("REFLEX_GEMM_DENSE_MIN", DENSE_MIN, minimum=1)
+def prefill_gemm(n: int, major: int) -> str:
+    """The GEMM ("tile", "dense" or "pipe") a quantized matmul of n tokens takes on a GPU of compute capability
+    `major`."""
+    name = prefill_gemm_named()
+    if name == "tile" or major < 9 or n < env_int("REFLEX_PREFILL_GEMM_MIN", PREFILL_TC_MIN, minimum=1):
+        return "tile"
+    return name
 
 
 def use_tc(n: int) -> bool:

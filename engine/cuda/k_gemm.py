@@ -1,5 +1,5 @@
 """Launch wrappers for kernels/gemm.cu: prefill matmuls (n > dispatch.MATVEC_MAX tokens) straight from GGUF blocks,
-and the workspace that they and kernels/gemm_dense.cu's (engine/cuda/k_gemm_dense.py) share.
+and the workspace that they and kernels/gemm_tc.cu's (engine/cuda/k_gemm_tc.py) share.
 
 Each function checks its buffers and returns a `driver.Launch` (it does not launch). Names, argument order, grid and
 block follow kernels/README.md. Buffers may be larger than needed. A, resid and C are read and written as float4 and
@@ -37,12 +37,12 @@ _workspace: _Workspace | None = None
 
 
 def reserve() -> None:
-    """Allocate the split-K workspace (once a process, ~8.7 MB; and the 32 MiB weight slab where
-    dispatch.dense_gemm_enabled): GEMMs built after this may split K and take two passes."""
+    """Allocate the split-K workspace (once a process, ~8.7 MB; and the 32 MiB weight slab where REFLEX_PREFILL_GEMM
+    names the dense GEMM): GEMMs built after this may split K and take two passes."""
     global _workspace
     if _workspace is None:
         _workspace = _Workspace()
-    if _workspace.slab is None and dispatch.dense_gemm_enabled():
+    if _workspace.slab is None and dispatch.prefill_gemm_named() == "dense":
         _workspace.slab = DeviceArray.empty((SLAB_FLOATS,))
 
 

@@ -1,6 +1,7 @@
-"""Launch wrappers for kernels/gemm_dense.cu: a prefill matmul in two passes, the weights dequantized into a float
-slab (dequant_tf32_{t}) and a dense TF32 GEMM over it (gemm_dense), per slab of output columns that the scratch holds
-(contract: kernels/README.md). engine/cuda/prefill.py chooses it or gemm.cu's one pass (dispatch.dense_gemm)."""
+"""Launch wrappers for kernels/gemm_tc.cu, prefill matmuls on a pipelined TF32 tile (contract: kernels/README.md):
+in two passes, the weights dequantized into a float slab (dequant_tf32_{t}) and a dense GEMM over it (gemm_dense),
+per slab of output columns that the scratch holds; or in one, the GGUF rows staged raw and dequantized beside the
+multiply (gemm_pipe_{t}). engine/cuda/prefill.py chooses between them and gemm.cu (dispatch.prefill_gemm)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from engine.cuda.driver import Launch, i32, i64, ptr
 from engine.cuda.k_gemm import SPLIT_STEP, TILE, check_operands, check_resid, workspace
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_same_layout
 from engine.errors import CudaError
-from engine.quants import FLOAT_TYPES
+from engine.quants import BLOCK_SIZES, FLOAT_TYPES, GGMLType
 
 TOKENS = 128  # gemm_dense's tile: 128 tokens (grid.y) x TILE = 64 slab rows (grid.x); its stages are 32 values
 THREADS = 128
-STAGES = 4  # kernels/gemm_dense.cu's NSTAGE
+STAGES = 4  # kernels/gemm_tc.cu's NSTAGE
 SMEM = 4 * STAGES * (TOKENS + TILE) * 36  # the stages' A and W tiles in rows of 32 + 4 floats: 110,592 bytes
 STATIC_SMEM = 128  # the kernel's own (its ticket), beside SMEM in a block's share
 DEQUANT_GROUPS = 256  # 8-value groups of the slab one dequant_tf32 block writes
+PIPE_STAGES, RAW_K = 3, 256  # gemm_pipe: A's ring; K values of a raw slice of weight rows (whole blocks)
 
 
 def gemm_dense(
@@ -70,12 +72,51 @@ def fits(device: int = 0) -> bool:
     return driver.compute_major(device) >= 8 and driver.attribute(driver.SMEM_OPTIN_LIMIT, device) >= SMEM + STATIC_SMEM
 
 
+def pipe_smem(ggml_type: GGMLType) -> int:
+    """gemm_pipe's dynamic shared memory for weights of this type: A's ring, two float W tiles, two raw slices
+    (kernels/gemm_tc.cu pipe_smem_bytes; at most SMEM, for Q8_0's 272-byte slices)."""
+    qk, nbytes = BLOCK_SIZES[ggml_type]
+    pitch = (RAW_K // qk * nbytes + 30) // 16 * 16  # stage.cuh pitch: a slice's bytes and its head offset, granules
+    return 4 * (PIPE_STAGES * TOKENS * 36 + 2 * TILE * 36) + 2 * TILE * pitch
+
+
+def gemm_pipe(
+    w: DeviceWeight,  # (R, K) GGUF blocks, a quantized type; the gate of a pair
+    a: DeviceArray,  # (n, K) f4
+    n: int,  # tokens, >= 1
+    c: DeviceArray,  # (n, R) f4
+    *,
+    resid: DeviceArray | None = None,  # (n, R) f4, one matrix only: c itself or a separate array
+    up: DeviceWeight | None = None,  # (R, K), the same layout as w: c = silu(a . w^T) * (a . up^T)
+    split: bool = True,  # False: no split-K (tests compare both)
+) -> Launch:  # fmt: skip
+    """c = a . w^T (+ resid), or the SwiGLU of (w, up), in one launch of gemm_pipe_{t}. Where fits()."""
+    if up is not None:
+        need_same_layout(w, up, "gemm_pipe")
+        if resid is not None:
+            raise CudaError("gemm_pipe: a SwiGLU pair takes no residual")
+    _check(w, a, n, c)
+    check_resid(resid, c, n, w.rows)
+    smem = pipe_smem(w.ggml_type)
+    fn = driver.module("gemm_tc").fn(f"gemm_pipe_{w.tag}")
+    driver.allow_smem(fn, smem, most_shared=True)
+    gx = (w.rows + (TILE // 2 if up else TILE) - 1) // (TILE // 2 if up else TILE)
+    gy = (n + TOKENS - 1) // TOKENS
+    work = workspace()
+    unit = max(SPLIT_STEP, BLOCK_SIZES[w.ggml_type][0])  # a split takes whole blocks and whole stages
+    s = dispatch.gemm_splits(gx * gy, w.cols // unit) if split and work is not None else 1
+    parts = [ptr(work.part), ptr(work.tickets)] if s > 1 else [ptr(None), ptr(None)]
+    args = [ptr(w.ptr), ptr(up.ptr if up is not None else None), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(a),
+            i32(n), ptr(resid), ptr(c), i32(1 if up is not None else 0), *parts]  # fmt: skip
+    return Launch(fn, (gx, gy, s), (THREADS,), args, smem=smem)
+
+
 def _check(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray) -> None:
     check_operands(w, a, n, c)
     if w.ggml_type in FLOAT_TYPES:
-        raise CudaError(f"gemm_dense: {w.name} is {w.tag}; float weights take gemm's exact float32 path")
+        raise CudaError(f"gemm_tc: {w.name} is {w.tag}; float weights take gemm's exact float32 path")
     if not fits():
-        raise CudaError(f"gemm_dense: needs sm_80 or later and {SMEM + STATIC_SMEM} bytes of shared memory a block")
+        raise CudaError(f"gemm_tc: needs sm_80 or later and {SMEM + STATIC_SMEM} bytes of shared memory a block")
 
 
 def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n: int, cs: list[DeviceArray],
@@ -84,7 +125,7 @@ def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n
     work = workspace()
     if slab is None:
         if work is None or work.slab is None:
-            raise CudaError("gemm_dense: no weight slab (k_gemm.reserve with REFLEX_GEMM_DENSE=1, or pass one)")
+            raise CudaError("gemm_dense: no weight slab (k_gemm.reserve with REFLEX_PREFILL_GEMM=dense, or pass one)")
         slab = work.slab
     pair, K = up is not None, ws[0].cols
     ends = list(itertools.accumulate(w.rows for w in ws))  # output column ends of the matrices
@@ -95,7 +136,7 @@ def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n
     if cols < 1:
         raise CudaError(f"gemm_dense: a slab of {slab.size} floats holds no {unit} columns of {per_col} floats")
     need(slab, "gemm_dense slab", "f4", min(cols, _round_up(total, unit)) * per_col, aligned=True)
-    fn = driver.module("gemm_dense").fn("gemm_dense")
+    fn = driver.module("gemm_tc").fn("gemm_dense")
     driver.allow_smem(fn, SMEM, most_shared=True)  # two blocks an SM: 2 x 110.7 KiB of the 228 an sm_90 has
     segments = [ptr(c) for c in cs] + [ptr(cs[-1])] * (3 - len(cs))
     segment_ends = [i32(e) for e in ends + [total] * (3 - len(ends))]
@@ -121,7 +162,7 @@ def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n
 
 def _dequant(w: DeviceWeight, up: DeviceWeight | None, r0: int, rows: int, slab_rows: int, out: DeviceArray) -> Launch:
     """dequant_tf32 of w's rows [r0, r0 + rows) (with up's, interleaved, for a pair) into out's first slab_rows rows."""
-    fn = driver.module("gemm_dense").fn(f"dequant_tf32_{w.tag}")
+    fn = driver.module("gemm_tc").fn(f"dequant_tf32_{w.tag}")
     groups = slab_rows * w.cols // 8
     return Launch(fn, ((groups + DEQUANT_GROUPS - 1) // DEQUANT_GROUPS,), (DEQUANT_GROUPS,),
                   [ptr(w.ptr), ptr(up.ptr if up is not None else None), i64(w.row_bytes), i32(w.rows), i32(w.cols),

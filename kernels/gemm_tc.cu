@@ -1,6 +1,7 @@
-// Prefill matmuls in two passes (quantized types; sm_80 or sm_90: 110 KiB of shared memory a block): the weights
-// dequantized into a float scratch slab (dequant_tf32_{t}), then a dense TF32 GEMM over it (gemm_dense). Contract:
-// kernels/README.md, "gemm_dense.cu"; the wrappers: engine/cuda/k_gemm_dense.py; the rule that picks this over
+// Prefill matmuls on pipelined TF32 tiles (quantized types; sm_80 or sm_90: 110 KiB of shared memory a block), in
+// two passes, the weights dequantized into a float scratch slab (dequant_tf32_{t}) and a dense GEMM over it
+// (gemm_dense), or in one, the GGUF rows staged raw and dequantized beside the multiply (gemm_pipe_{t}, at the end).
+// Contract: kernels/README.md, "gemm_tc.cu"; the wrappers: engine/cuda/k_gemm_tc.py; the rule that picks these over
 // gemm.cu: engine/cuda/prefill.py, engine/cuda/dispatch.py.
 //
 // Why two passes: gemm.cu dequantizes each weight group inside its K loop, once per 64-token tile, through registers,
@@ -88,7 +89,7 @@ Q_FOR_EACH_TYPE(DEQUANT_KERNEL)
 namespace {
 
 constexpr int BM = 128, BN = 64, BK = 32, LD = BK + 4, THREADS = 128;
-constexpr int NSTAGE = 4;  // engine/cuda/k_gemm_dense.py's SMEM follows (tests/test_layout.py holds them together)
+constexpr int NSTAGE = 4;  // engine/cuda/k_gemm_tc.py's SMEM follows (tests/test_layout.py holds them together)
 constexpr int STAGE_FLOATS = (BM + BN) * LD;
 constexpr int CLD = BN + 8;  // the staged output tile sC[BM][CLD], over the stage buffers (72: stage_out's float2
                              // stores of rows g, g + 1 fall in distinct banks)
@@ -107,16 +108,21 @@ __device__ __forceinline__ void ldmatrix4(uint32_t (&r)[4], unsigned addr) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 
-// Stage kt's copies: A's 128 x 32 (8 granules a thread) and W's 64 x 32 (4 a thread), 16 bytes each.
-__device__ __forceinline__ void load_stage(float* s, const float* A, int K, int t0, int n, const float* Wd, int Rs,
-                                           int r0, int k) {
+// A's copies for the stage at k: its 128 x 32 values (8 granules of 16 bytes a thread) into sA[BM][LD].
+__device__ __forceinline__ void load_a(float* sA, const float* A, int K, int t0, int n, int k) {
 #pragma unroll
     for (int p = 0; p < BM * BK / 4 / THREADS; ++p) {
         const int i = threadIdx.x + THREADS * p, row = i >> 3, c = i & 7;
         const long long t = min(t0 + row, n - 1);
-        stage::copy16(reinterpret_cast<uint8_t*>(s + row * LD + 4 * c),
+        stage::copy16(reinterpret_cast<uint8_t*>(sA + row * LD + 4 * c),
                       reinterpret_cast<const uint8_t*>(A + t * K + k + 4 * c));
     }
+}
+
+// The dense kernel's stage at k: A's copies, and Wd's 64 x 32 (4 granules a thread) into the tile after sA.
+__device__ __forceinline__ void load_stage(float* s, const float* A, int K, int t0, int n, const float* Wd, int Rs,
+                                           int r0, int k) {
+    load_a(s, A, K, t0, n, k);
 #pragma unroll
     for (int p = 0; p < BN * BK / 4 / THREADS; ++p) {
         const int i = threadIdx.x + THREADS * p, row = i >> 3, c = i & 7;
@@ -138,12 +144,12 @@ struct Acc {
                 for (int e = 0; e < 4; ++e) d[i][j][e] = 0.f;
     }
 
-    // The 4 k8 steps of a stage in shared memory at s.
-    __device__ __forceinline__ void mma_stage(const float* s) {
+    // The 4 k8 steps of a stage: A's tile sA[BM][LD], W's (tf32 already) sW[BN][LD], in shared memory.
+    __device__ __forceinline__ void mma_stage(const float* sA, const float* sW) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 1, wn = warp & 1, mi = lane >> 3;
         // this lane's row address for the ldmatrix of A's m-tile 0 and of W's n-tiles (0, 1), at k step 0
-        const float* a0 = s + (64 * wm + (lane & 7) + 8 * (mi & 1)) * LD + 4 * (mi >> 1);
-        const float* w0 = s + (BM + 32 * wn + 8 * (mi >> 1) + (lane & 7)) * LD + 4 * (mi & 1);
+        const float* a0 = sA + (64 * wm + (lane & 7) + 8 * (mi & 1)) * LD + 4 * (mi >> 1);
+        const float* w0 = sW + (32 * wn + 8 * (mi >> 1) + (lane & 7)) * LD + 4 * (mi & 1);
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 8) {
             uint32_t a[4][4], b[4][2];
@@ -243,6 +249,45 @@ __device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0
     }
 }
 
+// After the K loop (every stage buffer free): the tile to the output, or, split, to its partial slot, and the
+// tile's last block (its ticket, `last` in shared memory) sums the partials in z order and writes the output.
+__device__ __forceinline__ void finish(const Acc& acc, float* smem, int* last, int t0, int n, int r0, int cols,
+                                       int pair, const float* resid, const Out& out, int c0, float* part,
+                                       int* tickets) {
+    acc.stage_out(smem);
+    __syncthreads();
+    const int S = gridDim.z;
+    if (S == 1) {
+        write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
+        return;
+    }
+    const int tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float* mine = part + ((long long)blockIdx.z * tiles + tile) * (BM * BN);
+    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
+        const int tok = i >> 4, c4 = 4 * (i & 15);
+        *reinterpret_cast<float4*>(mine + tok * BN + c4) = *reinterpret_cast<const float4*>(smem + tok * CLD + c4);
+    }
+    __threadfence();  // this block's partial is visible to whichever block takes the last ticket
+    __syncthreads();
+    if (threadIdx.x == 0) *last = atomicAdd(tickets + tile, 1) == S - 1;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
+        const int tok = i >> 4, c4 = 4 * (i & 15);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int z = 0; z < S; ++z) {  // z order: the sum does not depend on which block came last
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(part + ((long long)z * tiles + tile) * (BM * BN)
+                                                                     + tok * BN + c4));
+            v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+        }
+        *reinterpret_cast<float4*>(smem + tok * CLD + c4) = v;
+    }
+    __syncthreads();
+    write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
+    if (threadIdx.x == 0) tickets[tile] = 0;  // for the next launch
+}
+
 }  // namespace
 
 // Output columns [c0, c0 + cols) = A[n, K] . Wd[Rs, K]^T (+ resid), or the SwiGLU of an interleaved pair, into the
@@ -273,41 +318,141 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
         const int next = kt + NSTAGE - 1;
         if (next < nk) load_stage(smem + (next % NSTAGE) * STAGE_FLOATS, A, K, t0, n, Wd, Rs, r0, kbeg + next * BK);
         stage::commit();
-        acc.mma_stage(smem + (kt % NSTAGE) * STAGE_FLOATS);
+        const float* st = smem + (kt % NSTAGE) * STAGE_FLOATS;
+        acc.mma_stage(st, st + BM * LD);
     }
     stage::wait_pending<0>();
     __syncthreads();  // every read of the stage buffers is done: sC goes over them
-    acc.stage_out(smem);
-    __syncthreads();
-    const Out out{C0, C1, C2, e0, e1, e2};
-    if (S == 1) {
-        write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
-        return;
-    }
-    const int tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
-    float* mine = part + ((long long)blockIdx.z * tiles + tile) * (BM * BN);
-    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
-        const int tok = i >> 4, c4 = 4 * (i & 15);
-        *reinterpret_cast<float4*>(mine + tok * BN + c4) = *reinterpret_cast<const float4*>(smem + tok * CLD + c4);
-    }
-    __threadfence();  // this block's partial is visible to whichever block takes the last ticket
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets + tile, 1) == S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
-        const int tok = i >> 4, c4 = 4 * (i & 15);
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int z = 0; z < S; ++z) {  // z order: the sum does not depend on which block came last
-            const float4 a = __ldcg(reinterpret_cast<const float4*>(part + ((long long)z * tiles + tile) * (BM * BN)
-                                                                     + tok * BN + c4));
-            v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
-        }
-        *reinterpret_cast<float4*>(smem + tok * CLD + c4) = v;
-    }
-    __syncthreads();
-    write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
-    if (threadIdx.x == 0) tickets[tile] = 0;  // for the next launch
+    finish(acc, smem, &last, t0, n, r0, cols, pair, resid, Out{C0, C1, C2, e0, e1, e2}, c0, part, tickets);
 #endif
 }
+
+// ---- the pipelined GEMM over GGUF blocks ------------------------------------------------------------------------
+// gemm_pipe_{t}: gemm_dense's tile, warps and output, with the weights read as GGUF blocks instead of a slab. A block's
+// 64 weight rows come to shared memory RAW_K values of K at a time (one K-quant block, or eight blocks of the 32-value
+// types: whole blocks, so a decoder indexes its groups from the slice's start), two such raw slices in flight, each
+// copied 8 stages before its first use. During stage kt the block dequantizes stage kt + 1's 64 x 32 values from the
+// raw slice into a float tile (tf32-rounded, two tiles), which the warps read as gemm_dense reads the slab: the
+// dequantizing happens once a block and beside the multiply, and nothing goes through global memory in between. A
+// takes a ring of PIPE_STAGES stages (the raw slices take the shared memory a fourth would).
+// Shared memory (floats): sA[PIPE_STAGES][BM][LD], sW[2][BN][LD], then the raw slices, raw[2][BN][RAW_PITCH<T>] bytes.
+// The rows of tile x: one matrix, rows 64 x + j of W0; a pair, 32 x + j of W0 (j < 32) and of W1 (j >= 32), which
+// write_out turns into the outputs 32 x + j, as gemm_dense's interleaved slab.
+namespace {
+
+constexpr int RAW_K = 256, PIPE_STAGES = 3;
+constexpr int CHUNKS = RAW_K / BK;  // stages a raw slice serves
+template <int T>
+constexpr int RAW_PITCH = stage::pitch(RAW_K / q::Quant<T>::QK * q::Quant<T>::BYTES);  // a raw row's bytes
+static_assert(PIPE_STAGES * BM * LD >= BM * CLD, "the output tile is staged over the A ring");
+
+template <int T>
+struct Pipe {
+    const uint8_t *W0, *W1;
+    long long row_bytes;
+    int R, r0, kbeg, span;  // weight rows; the tile's first (of W0, or of each of a pair); this split's K values
+    bool pair;
+    uint8_t* raw;  // raw[2][BN][RAW_PITCH<T>]
+
+    // Tile row j's weight row, its raw slice s's first byte in global memory, and the slice's bytes.
+    __device__ __forceinline__ const uint8_t* src(int j, int s, int& bytes) const {
+        const int vals = min(RAW_K, span - RAW_K * s);
+        bytes = vals / q::Quant<T>::QK * q::Quant<T>::BYTES;
+        const int r = min(r0 + (pair ? (j & 31) : j), R - 1);
+        const uint8_t* W = pair && j >= 32 ? W1 : W0;
+        return W + (long long)r * row_bytes + (long long)(kbeg + RAW_K * s) / q::Quant<T>::QK * q::Quant<T>::BYTES;
+    }
+
+    // Raw slice s's copies (16-byte granules, spread over the block) into raw buffer s % 2.
+    __device__ __forceinline__ void load(int s) const {
+        constexpr int NG = RAW_PITCH<T> / 16;  // granules a row at most
+        uint8_t* dst = raw + (s & 1) * BN * RAW_PITCH<T>;
+        for (int i = threadIdx.x; i < BN * NG; i += THREADS) {
+            const int j = i / NG;
+            int bytes;
+            const uint8_t* from = src(j, s, bytes);
+            stage::granule(dst + j * RAW_PITCH<T>, from, bytes, i - j * NG);
+        }
+    }
+
+    // Stage kc's 64 x 32 values from its raw slice into sW[BN][LD], tf32-rounded: two 8-value groups a thread.
+    __device__ __forceinline__ void dequant(int kc, float* sW) const {
+        const int s = kc / CHUNKS;
+        const uint8_t* buf = raw + (s & 1) * BN * RAW_PITCH<T>;
+#pragma unroll
+        for (int p = 0; p < BN * BK / 8 / THREADS; ++p) {
+            const int i = threadIdx.x + THREADS * p, j = i >> 2, grp = i & 3;  // tile row, group of the stage
+            int bytes;
+            const uint8_t* row = stage::landed(buf + j * RAW_PITCH<T>, src(j, s, bytes));
+            float v[8];
+            q::Quant<T>::load8(row, (kc % CHUNKS) * (BK / 8) + grp, v);
+            float4* d = reinterpret_cast<float4*>(sW + j * LD + 8 * grp);
+            d[0] = make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]), tf32_round(v[3]));
+            d[1] = make_float4(tf32_round(v[4]), tf32_round(v[5]), tf32_round(v[6]), tf32_round(v[7]));
+        }
+    }
+};
+
+template <int T>
+constexpr int pipe_smem_bytes() {
+    return 4 * (PIPE_STAGES * BM * LD + 2 * BN * LD) + 2 * BN * RAW_PITCH<T>;
+}
+
+// The loop, group by group (cp.async groups are per thread, first in first out): group 0 = A's stage 0 and raw slice
+// 0, group 1 = A's stage 1, group kt + 2 = A's stage kt + 2 (issued in iteration kt), with raw slice kt / 8 + 1 when
+// kt % 8 == 0. Iteration kt waits for group kt (A's stage kt; raw slice kt / 8 + 1's group, kt + 2, is needed only
+// from iteration kt + 7 on, to dequantize stage kt + 8), then after the barrier refills A's buffer of stage kt - 1,
+// raw buffer (kt / 8 + 1) % 2 (slice kt / 8 - 1's, last read in iteration kt - 2), and sW[(kt + 1) % 2] (read in
+// iteration kt - 1) with stage kt + 1's weights, and multiplies stage kt.
+template <int T>
+__device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
+                                          const float* A, int n, const float* resid, float* C, int pair, float* part,
+                                          int* tickets) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(128) float smem[];
+    __shared__ int last;
+    pdl::begin();
+    const int t0 = blockIdx.y * BM, S = gridDim.z, span = K / S, kbeg = span * int(blockIdx.z), nk = span / BK;
+    float* sW = smem + PIPE_STAGES * BM * LD;
+    const Pipe<T> w{W0, W1, row_bytes, R, int(blockIdx.x) * (pair ? BN / 2 : BN), kbeg, span, pair != 0,
+                    reinterpret_cast<uint8_t*>(sW + 2 * BN * LD)};
+    Acc acc;
+    acc.zero();
+    load_a(smem, A, K, t0, n, kbeg);
+    w.load(0);
+    stage::commit();
+    if (nk > 1) load_a(smem + BM * LD, A, K, t0, n, kbeg + BK);
+    stage::commit();
+    stage::wait_pending<1>();  // group 0: raw slice 0
+    __syncthreads();
+    w.dequant(0, sW);
+    for (int kt = 0; kt < nk; ++kt) {
+        stage::wait_pending<1>();  // group kt: A's stage kt
+        __syncthreads();           // everyone's copies, and sW[kt % 2]; every warp is done with iteration kt - 1
+        if (kt + 2 < nk) load_a(smem + (kt + 2) % PIPE_STAGES * BM * LD, A, K, t0, n, kbeg + (kt + 2) * BK);
+        if (kt % CHUNKS == 0 && RAW_K * (kt / CHUNKS + 1) < span) w.load(kt / CHUNKS + 1);
+        stage::commit();
+        if (kt + 1 < nk) w.dequant(kt + 1, sW + (kt + 1) % 2 * BN * LD);
+        acc.mma_stage(smem + kt % PIPE_STAGES * BM * LD, sW + kt % 2 * BN * LD);
+    }
+    stage::wait_pending<0>();
+    __syncthreads();  // every read of the A ring is done: sC goes over it
+    finish(acc, smem, &last, t0, n, int(blockIdx.x) * BN, R, pair, resid, Out{C, C, C, R, R, R}, 0, part, tickets);
+#endif
+}
+
+}  // namespace
+
+// C[n, R] = A . W0^T (+ resid), or with pair: silu(A . W0^T) * (A . W1^T) (W1 of W0's type and shape), W0 / W1 GGUF
+// rows of type t. grid (ceil(R / 64) or, a pair, ceil(R / 32), ceil(n / 128), S), block 128, dynamic shared memory
+// pipe_smem_bytes<T>() (k_gemm_tc.pipe_smem). S > 1 splits K into spans of whole RAW_K slices (whole blocks) and of
+// BK stages, summed as gemm_dense's.
+#define PIPE_KERNEL(tag, T)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                      \
+        gemm_pipe_##tag(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1, long long row_bytes, int R, \
+                        int K, const float* __restrict__ A, int n, const float* resid, float* C, int pair,         \
+                        float* part, int* tickets) {                                                             \
+        pipe_tile<T>(W0, W1, row_bytes, R, K, A, n, resid, C, pair, part, tickets);                              \
+    }
+Q_FOR_EACH_TYPE(PIPE_KERNEL)
+#undef PIPE_KERNEL
