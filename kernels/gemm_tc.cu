@@ -10,9 +10,10 @@
 // L2 for the GEMM that follows), the matmul becomes a plain dense one, and the dense GEMM can be the usual pipeline:
 // both operands copied global -> shared with cp.async, NSTAGE stages in flight, fragments by ldmatrix, mma.sync.
 //
-// The numbers are gemm.cu's: every operand rounded to tf32 (to nearest, ties away from zero: the weights in the
-// dequant pass, A as its fragments are loaded), float32 accumulation in the same k order within a split. The
-// tests hold both to the same bounds (tests/test_cuda_gemm.py).
+// The roundings are gemm.cu's: every operand rounded to tf32 (to nearest, ties away from zero: the weights as they
+// are dequantized, A as its fragments are loaded), float32 accumulation in the same k order within a split, on
+// m16n8k8 steps where gemm.cu's wmma m16n16k8 is another instruction (its accumulator's rounding inside a step may
+// differ). The tests hold both to gemm.cu's bounds (tests/test_cuda_gemm.py).
 //
 // The scratch layout: one matrix, row i of the slab = weight row r0 + i. A SwiGLU pair (gate, up) interleaved in
 // groups of 32 rows: slab row 64 b + j is gate row r0 + 32 b + j, 64 b + 32 + j up row r0 + 32 b + j (j < 32), so one
@@ -74,7 +75,7 @@ __device__ __forceinline__ void dequant_rows(const uint8_t* W, const uint8_t* Wu
                            int R, int K, int r0, int rows, int slab_rows, float* __restrict__ out) {             \
         dequant_rows<T>(W, Wu, row_bytes, R, K, r0, rows, slab_rows, out);                                       \
     }
-Q_FOR_EACH_TYPE(DEQUANT_KERNEL)
+Q_FOR_EACH_QUANTIZED_TYPE(DEQUANT_KERNEL)
 #undef DEQUANT_KERNEL
 
 // ---- the dense GEMM ---------------------------------------------------------------------------------------------
@@ -330,11 +331,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 // ---- the pipelined GEMM over GGUF blocks ------------------------------------------------------------------------
 // gemm_pipe_{t}: gemm_dense's tile, warps and output, with the weights read as GGUF blocks instead of a slab. A block's
 // 64 weight rows come to shared memory RAW_K values of K at a time (one K-quant block, or eight blocks of the 32-value
-// types: whole blocks, so a decoder indexes its groups from the slice's start), two such raw slices in flight, each
-// copied 8 stages before its first use. During stage kt the block dequantizes stage kt + 1's 64 x 32 values from the
-// raw slice into a float tile (tf32-rounded, two tiles), which the warps read as gemm_dense reads the slab: the
-// dequantizing happens once a block and beside the multiply, and nothing goes through global memory in between. A
-// takes a ring of PIPE_STAGES stages (the raw slices take the shared memory a fourth would).
+// types: whole blocks, so a decoder indexes its groups from the slice's start), in two raw buffers. During stage kt
+// the block dequantizes stage kt + 1's 64 x 32 values from the raw slice into a float tile (tf32-rounded, two
+// tiles), which the warps read as gemm_dense reads the slab: the dequantizing happens once a block and beside the
+// multiply, and nothing goes through global memory in between. A takes a ring of PIPE_STAGES stages (the raw slices
+// take the shared memory a fourth would).
 // Shared memory (floats): sA[PIPE_STAGES][BM][LD], sW[2][BN][LD], then the raw slices, raw[2][BN][RAW_PITCH<T>] bytes.
 // The rows of tile x: one matrix, rows 64 x + j of W0; a pair, 32 x + j of W0 (j < 32) and of W1 (j >= 32), which
 // write_out turns into the outputs 32 x + j, as gemm_dense's interleaved slab.
@@ -342,8 +343,12 @@ namespace {
 
 constexpr int RAW_K = 256, PIPE_STAGES = 3;
 constexpr int CHUNKS = RAW_K / BK;  // stages a raw slice serves
+constexpr int RAW_PIECES = 4;       // a slice's copies go out in this many pieces of its rows, a stage apart
+// A raw row's bytes: stage.cuh's pitch, made an odd number of 16-byte granules, so that the 8 rows a warp's decoders
+// read at once (lanes g of a quad-row layout) start in different bank groups.
+__host__ __device__ constexpr int odd_granules(int p) { return (p / 16) % 2 ? p : p + 16; }
 template <int T>
-constexpr int RAW_PITCH = stage::pitch(RAW_K / q::Quant<T>::QK * q::Quant<T>::BYTES);  // a raw row's bytes
+constexpr int RAW_PITCH = odd_granules(stage::pitch(RAW_K / q::Quant<T>::QK * q::Quant<T>::BYTES));
 static_assert(PIPE_STAGES * BM * LD >= BM * CLD, "the output tile is staged over the A ring");
 
 template <int T>
@@ -363,15 +368,16 @@ struct Pipe {
         return W + (long long)r * row_bytes + (long long)(kbeg + RAW_K * s) / q::Quant<T>::QK * q::Quant<T>::BYTES;
     }
 
-    // Raw slice s's copies (16-byte granules, spread over the block) into raw buffer s % 2.
-    __device__ __forceinline__ void load(int s) const {
-        constexpr int NG = RAW_PITCH<T> / 16;  // granules a row at most
+    // Piece `piece` of raw slice s's copies (16-byte granules of rows [piece, +1) * BN / RAW_PIECES, spread over the
+    // block) into raw buffer s % 2.
+    __device__ __forceinline__ void load(int s, int piece) const {
+        constexpr int NG = RAW_PITCH<T> / 16, ROWS = BN / RAW_PIECES;  // granules a row at most; rows a piece
         uint8_t* dst = raw + (s & 1) * BN * RAW_PITCH<T>;
-        for (int i = threadIdx.x; i < BN * NG; i += THREADS) {
-            const int j = i / NG;
+        for (int i = threadIdx.x; i < ROWS * NG; i += THREADS) {
+            const int j = piece * ROWS + i / NG;
             int bytes;
             const uint8_t* from = src(j, s, bytes);
-            stage::granule(dst + j * RAW_PITCH<T>, from, bytes, i - j * NG);
+            stage::granule(dst + j * RAW_PITCH<T>, from, bytes, i % NG);
         }
     }
 
@@ -394,16 +400,18 @@ struct Pipe {
 };
 
 template <int T>
-constexpr int pipe_smem_bytes() {
+constexpr int pipe_smem_bytes() {  // k_gemm_tc.pipe_smem
     return 4 * (PIPE_STAGES * BM * LD + 2 * BN * LD) + 2 * BN * RAW_PITCH<T>;
 }
 
-// The loop, group by group (cp.async groups are per thread, first in first out): group 0 = A's stage 0 and raw slice
-// 0, group 1 = A's stage 1, group kt + 2 = A's stage kt + 2 (issued in iteration kt), with raw slice kt / 8 + 1 when
-// kt % 8 == 0. Iteration kt waits for group kt (A's stage kt; raw slice kt / 8 + 1's group, kt + 2, is needed only
-// from iteration kt + 7 on, to dequantize stage kt + 8), then after the barrier refills A's buffer of stage kt - 1,
-// raw buffer (kt / 8 + 1) % 2 (slice kt / 8 - 1's, last read in iteration kt - 2), and sW[(kt + 1) % 2] (read in
-// iteration kt - 1) with stage kt + 1's weights, and multiplies stage kt.
+// The loop, group by group (cp.async groups are per thread and complete in order): group 0 = A's stage 0 and raw
+// slice 0, group 1 = A's stage 1, group kt + 2 = A's stage kt + 2 (issued in iteration kt) with, where kt % 8 <
+// RAW_PIECES, piece kt % 8 of raw slice s = kt / 8 + 1. Iteration kt waits for group kt (A's stage kt), then after
+// the barrier issues group kt + 2 into A's buffer of stage kt - 1 and raw buffer s % 2 (slice s - 2's, last read in
+// iteration 8 s - 10), dequantizes stage kt + 1 into sW[(kt + 1) % 2] (read in iteration kt - 1), and multiplies
+// stage kt. Slice s is first read in iteration 8 s - 1, after groups up to 8 s - 1 have landed; its last piece went
+// out in group 8 s - 6 + RAW_PIECES - 1. In pieces, a slice's copies do not all ride in the group of one A stage
+// (in order, that stage would wait for the whole slice).
 template <int T>
 __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                           const float* A, int n, const float* resid, float* C, int pair, float* part,
@@ -419,7 +427,8 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
     Acc acc;
     acc.zero();
     load_a(smem, A, K, t0, n, kbeg);
-    w.load(0);
+#pragma unroll
+    for (int piece = 0; piece < RAW_PIECES; ++piece) w.load(0, piece);
     stage::commit();
     if (nk > 1) load_a(smem + BM * LD, A, K, t0, n, kbeg + BK);
     stage::commit();
@@ -430,7 +439,7 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
         stage::wait_pending<1>();  // group kt: A's stage kt
         __syncthreads();           // everyone's copies, and sW[kt % 2]; every warp is done with iteration kt - 1
         if (kt + 2 < nk) load_a(smem + (kt + 2) % PIPE_STAGES * BM * LD, A, K, t0, n, kbeg + (kt + 2) * BK);
-        if (kt % CHUNKS == 0 && RAW_K * (kt / CHUNKS + 1) < span) w.load(kt / CHUNKS + 1);
+        if (kt % CHUNKS < RAW_PIECES && RAW_K * (kt / CHUNKS + 1) < span) w.load(kt / CHUNKS + 1, kt % CHUNKS);
         stage::commit();
         if (kt + 1 < nk) w.dequant(kt + 1, sW + (kt + 1) % 2 * BN * LD);
         acc.mma_stage(smem + kt % PIPE_STAGES * BM * LD, sW + kt % 2 * BN * LD);
@@ -454,5 +463,5 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
                         float* part, int* tickets) {                                                             \
         pipe_tile<T>(W0, W1, row_bytes, R, K, A, n, resid, C, pair, part, tickets);                              \
     }
-Q_FOR_EACH_TYPE(PIPE_KERNEL)
+Q_FOR_EACH_QUANTIZED_TYPE(PIPE_KERNEL)
 #undef PIPE_KERNEL

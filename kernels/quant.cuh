@@ -240,12 +240,16 @@ template <> struct Quant<Q6_K> {
 
 // Instantiate a kernel template for every supported weight type: X(tag, type_id) for each. The low-bit and codebook
 // types are also listed on their own, for a kernel family that builds fewer variants of them (matvec.cu: only the 1-
-// and 8-token matvecs, which halves their share of the build; engine/quants.py LOWBIT_TYPES).
-#define Q_FOR_EACH_COMMON_TYPE(X) \
-    X(f32, q::F32) X(f16, q::F16) X(bf16, q::BF16) X(q8_0, q::Q8_0) X(q4_0, q::Q4_0) X(q4_1, q::Q4_1) \
-    X(q5_0, q::Q5_0) X(q5_1, q::Q5_1) X(q4_k, q::Q4_K) X(q5_k, q::Q5_K) X(q6_k, q::Q6_K)
+// and 8-token matvecs, which halves their share of the build; engine/quants.py LOWBIT_TYPES), and the quantized types
+// without the float ones, for kernels that only take those (gemm_tc.cu).
+#define Q_FOR_EACH_FLOAT_TYPE(X) X(f32, q::F32) X(f16, q::F16) X(bf16, q::BF16)
+#define Q_FOR_EACH_QUANT_COMMON_TYPE(X) \
+    X(q8_0, q::Q8_0) X(q4_0, q::Q4_0) X(q4_1, q::Q4_1) X(q5_0, q::Q5_0) X(q5_1, q::Q5_1) X(q4_k, q::Q4_K) \
+    X(q5_k, q::Q5_K) X(q6_k, q::Q6_K)
+#define Q_FOR_EACH_COMMON_TYPE(X) Q_FOR_EACH_FLOAT_TYPE(X) Q_FOR_EACH_QUANT_COMMON_TYPE(X)
 #define Q_FOR_EACH_LOWBIT_TYPE(X) \
     X(q2_k, q::Q2_K) X(q3_k, q::Q3_K) X(tq1_0, q::TQ1_0) X(tq2_0, q::TQ2_0) X(iq1_s, q::IQ1_S) X(iq1_m, q::IQ1_M) \
     X(iq2_xxs, q::IQ2_XXS) X(iq2_xs, q::IQ2_XS) X(iq2_s, q::IQ2_S) X(iq3_xxs, q::IQ3_XXS) X(iq3_s, q::IQ3_S) \
     X(iq4_nl, q::IQ4_NL) X(iq4_xs, q::IQ4_XS) X(mxfp4, q::MXFP4)
 #define Q_FOR_EACH_TYPE(X) Q_FOR_EACH_COMMON_TYPE(X) Q_FOR_EACH_LOWBIT_TYPE(X)
+#define Q_FOR_EACH_QUANTIZED_TYPE(X) Q_FOR_EACH_QUANT_COMMON_TYPE(X) Q_FOR_EACH_LOWBIT_TYPE(X)

@@ -8,7 +8,7 @@ import pathlib
 import re
 
 from engine import archs
-from engine.quants import KERNEL_TAGS, LOWBIT_TYPES, SUPPORTED_TYPES
+from engine.quants import FLOAT_TYPES, KERNEL_TAGS, LOWBIT_TYPES, SUPPORTED_TYPES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -35,8 +35,15 @@ def test_kernel_type_tags_match_quant_cuh():
         body = re.search(rf"#define {macro}\(X\)((?:.*\\\n)*.*\n)", text).group(1)
         return re.findall(r"X\((\w+), q::\w+\)", body)
 
-    assert re.search(r"#define Q_FOR_EACH_TYPE\(X\) Q_FOR_EACH_COMMON_TYPE\(X\) Q_FOR_EACH_LOWBIT_TYPE\(X\)\n", text)
-    assert sorted(tags("Q_FOR_EACH_COMMON_TYPE") + tags("Q_FOR_EACH_LOWBIT_TYPE")) == sorted(KERNEL_TAGS.values())
+    def defines(macro: str, *parts: str) -> bool:
+        return re.search(rf"#define {macro}\(X\) " + " ".join(rf"{p}\(X\)" for p in parts) + "\n", text) is not None
+
+    assert defines("Q_FOR_EACH_TYPE", "Q_FOR_EACH_COMMON_TYPE", "Q_FOR_EACH_LOWBIT_TYPE")
+    assert defines("Q_FOR_EACH_COMMON_TYPE", "Q_FOR_EACH_FLOAT_TYPE", "Q_FOR_EACH_QUANT_COMMON_TYPE")
+    assert defines("Q_FOR_EACH_QUANTIZED_TYPE", "Q_FOR_EACH_QUANT_COMMON_TYPE", "Q_FOR_EACH_LOWBIT_TYPE")
+    common = tags("Q_FOR_EACH_FLOAT_TYPE") + tags("Q_FOR_EACH_QUANT_COMMON_TYPE")
+    assert sorted(common + tags("Q_FOR_EACH_LOWBIT_TYPE")) == sorted(KERNEL_TAGS.values())
+    assert sorted(tags("Q_FOR_EACH_FLOAT_TYPE")) == sorted(KERNEL_TAGS[t] for t in FLOAT_TYPES)
     assert sorted(tags("Q_FOR_EACH_LOWBIT_TYPE")) == sorted(KERNEL_TAGS[t] for t in LOWBIT_TYPES)
     assert frozenset(KERNEL_TAGS) <= SUPPORTED_TYPES  # the NumPy backend decodes more types than the kernels
 

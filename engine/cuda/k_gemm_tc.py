@@ -12,7 +12,7 @@ from engine.cuda.driver import Launch, i32, i64, ptr
 from engine.cuda.k_gemm import SPLIT_STEP, TILE, check_operands, check_resid, workspace
 from engine.cuda.memory import DeviceArray, DeviceWeight, need, need_same_layout
 from engine.errors import CudaError
-from engine.quants import BLOCK_SIZES, FLOAT_TYPES, GGMLType
+from engine.quants import BLOCK_SIZES, FLOAT_TYPES, KERNEL_TAGS, GGMLType
 
 TOKENS = 128  # gemm_dense's tile: 128 tokens (grid.y) x TILE = 64 slab rows (grid.x); its stages are 32 values
 THREADS = 128
@@ -67,17 +67,23 @@ def gemm_dense3(
 
 
 def fits(device: int = 0) -> bool:
-    """Whether the GPU runs gemm_dense: sm_80 or later (tf32 mma, cp.async) with SMEM of shared memory a block
-    (sm_80 and sm_90 have it; sm_86 and sm_89 allow 99 KiB)."""
-    return driver.compute_major(device) >= 8 and driver.attribute(driver.SMEM_OPTIN_LIMIT, device) >= SMEM + STATIC_SMEM
+    """Whether the GPU runs gemm_tc.cu's kernels: sm_80 or later (tf32 mma, cp.async) with MAX_SMEM of shared memory
+    a block (sm_80 and sm_90 have it; sm_86 and sm_89 allow 99 KiB)."""
+    limit = driver.attribute(driver.SMEM_OPTIN_LIMIT, device)
+    return driver.compute_major(device) >= 8 and limit >= MAX_SMEM + STATIC_SMEM
 
 
 def pipe_smem(ggml_type: GGMLType) -> int:
     """gemm_pipe's dynamic shared memory for weights of this type: A's ring, two float W tiles, two raw slices
-    (kernels/gemm_tc.cu pipe_smem_bytes; at most SMEM, for Q8_0's 272-byte slices)."""
+    (kernels/gemm_tc.cu pipe_smem_bytes; 112,640 bytes at most, for Q8_0's 272-byte slices)."""
     qk, nbytes = BLOCK_SIZES[ggml_type]
     pitch = (RAW_K // qk * nbytes + 30) // 16 * 16  # stage.cuh pitch: a slice's bytes and its head offset, granules
+    pitch += 0 if pitch // 16 % 2 else 16  # an odd number of granules (odd_granules)
     return 4 * (PIPE_STAGES * TOKENS * 36 + 2 * TILE * 36) + 2 * TILE * pitch
+
+
+# The most dynamic shared memory a gemm_tc.cu kernel takes (two blocks an SM of it fit an sm_90's 228 KiB).
+MAX_SMEM = max(SMEM, *(pipe_smem(t) for t in KERNEL_TAGS if t not in FLOAT_TYPES))
 
 
 def gemm_pipe(
@@ -116,7 +122,7 @@ def _check(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray) -> None:
     if w.ggml_type in FLOAT_TYPES:
         raise CudaError(f"gemm_tc: {w.name} is {w.tag}; float weights take gemm's exact float32 path")
     if not fits():
-        raise CudaError(f"gemm_tc: needs sm_80 or later and {SMEM + STATIC_SMEM} bytes of shared memory a block")
+        raise CudaError(f"gemm_tc: needs sm_80 or later and {MAX_SMEM + STATIC_SMEM} bytes of shared memory a block")
 
 
 def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n: int, cs: list[DeviceArray],
@@ -137,7 +143,7 @@ def _two_pass(ws: list[DeviceWeight], up: DeviceWeight | None, a: DeviceArray, n
         raise CudaError(f"gemm_dense: a slab of {slab.size} floats holds no {unit} columns of {per_col} floats")
     need(slab, "gemm_dense slab", "f4", min(cols, _round_up(total, unit)) * per_col, aligned=True)
     fn = driver.module("gemm_tc").fn("gemm_dense")
-    driver.allow_smem(fn, SMEM, most_shared=True)  # two blocks an SM: 2 x 110.7 KiB of the 228 an sm_90 has
+    driver.allow_smem(fn, SMEM, most_shared=True)  # two blocks an SM: 2 x 108 KiB of the 228 KiB an sm_90 has
     segments = [ptr(c) for c in cs] + [ptr(cs[-1])] * (3 - len(cs))
     segment_ends = [i32(e) for e in ends + [total] * (3 - len(ends))]
     launches = []
