@@ -381,20 +381,25 @@ struct Pipe {
         }
     }
 
-    // Stage kc's 64 x 32 values from its raw slice into sW[BN][LD], tf32-rounded: two 8-value groups a thread.
+    // Stage kc's 64 x 32 values from its raw slice into sW[BN][LD], tf32-rounded: a thread takes two neighbouring
+    // 8-value groups of one row (tile row tid / 2, values 16 (tid % 2) .. + 15 of the stage), both decoded before any
+    // store, so that what they share (a K-quant's sub-block scale and minimum: 32 values) is read and decoded once.
+    // The stores: a quarter-warp's 4 rows x 2 halves fall on 8 distinct 4-bank groups (row pitch 36 floats).
     __device__ __forceinline__ void dequant(int kc, float* sW) const {
-        const int s = kc / CHUNKS;
-        const uint8_t* buf = raw + (s & 1) * BN * RAW_PITCH<T>;
+        const int s = kc / CHUNKS, j = threadIdx.x >> 1, half = threadIdx.x & 1;
+        static_assert(BN * BK == THREADS * 16, "two groups a thread");
+        int bytes;
+        const uint8_t* row = stage::landed(raw + (s & 1) * BN * RAW_PITCH<T> + j * RAW_PITCH<T>, src(j, s, bytes));
+        const int g0 = (kc % CHUNKS) * (BK / 8) + 2 * half;
+        float v[2][8];
+        q::Quant<T>::load8(row, g0, v[0]);
+        q::Quant<T>::load8(row, g0 + 1, v[1]);
+        float4* d = reinterpret_cast<float4*>(sW + j * LD + 16 * half);
 #pragma unroll
-        for (int p = 0; p < BN * BK / 8 / THREADS; ++p) {
-            const int i = threadIdx.x + THREADS * p, j = i >> 2, grp = i & 3;  // tile row, group of the stage
-            int bytes;
-            const uint8_t* row = stage::landed(buf + j * RAW_PITCH<T>, src(j, s, bytes));
-            float v[8];
-            q::Quant<T>::load8(row, (kc % CHUNKS) * (BK / 8) + grp, v);
-            float4* d = reinterpret_cast<float4*>(sW + j * LD + 8 * grp);
-            d[0] = make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]), tf32_round(v[3]));
-            d[1] = make_float4(tf32_round(v[4]), tf32_round(v[5]), tf32_round(v[6]), tf32_round(v[7]));
+        for (int h = 0; h < 2; ++h) {
+            d[2 * h] = make_float4(tf32_round(v[h][0]), tf32_round(v[h][1]), tf32_round(v[h][2]), tf32_round(v[h][3]));
+            d[2 * h + 1] = make_float4(tf32_round(v[h][4]), tf32_round(v[h][5]), tf32_round(v[h][6]),
+                                       tf32_round(v[h][7]));
         }
     }
 };
