@@ -37,12 +37,7 @@ def gemm_dense(
     """c = a . w^T (+ resid), or the SwiGLU of (w, up): for each slab of output columns, a dequant_tf32 launch (the
     rows tf32-rounded; a pair interleaved in groups of 32 rows) and a gemm_dense launch into c's columns of the slab.
     Where fits()."""
-    if up is not None:
-        need_same_layout(w, up, "gemm_dense")
-        if resid is not None:
-            raise CudaError("gemm_dense: a SwiGLU pair takes no residual")
-    _check(w, a, n, c)
-    check_resid(resid, c, n, w.rows)
+    _check_call("gemm_dense", w, up, a, n, c, resid)
     return _two_pass([w], up, a, n, [c], resid, slab, split)
 
 
@@ -97,12 +92,7 @@ def gemm_pipe(
     split: bool = True,  # False: no split-K (tests compare both)
 ) -> Launch:  # fmt: skip
     """c = a . w^T (+ resid), or the SwiGLU of (w, up), in one launch of gemm_pipe_{t}. Where fits()."""
-    if up is not None:
-        need_same_layout(w, up, "gemm_pipe")
-        if resid is not None:
-            raise CudaError("gemm_pipe: a SwiGLU pair takes no residual")
-    _check(w, a, n, c)
-    check_resid(resid, c, n, w.rows)
+    _check_call("gemm_pipe", w, up, a, n, c, resid)
     smem = pipe_smem(w.ggml_type)
     fn = driver.module("gemm_tc").fn(f"gemm_pipe_{w.tag}")
     driver.allow_smem(fn, smem, most_shared=True)
@@ -115,6 +105,17 @@ def gemm_pipe(
     args = [ptr(w.ptr), ptr(up.ptr if up is not None else None), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(a),
             i32(n), ptr(resid), ptr(c), i32(1 if up is not None else 0), *parts]  # fmt: skip
     return Launch(fn, (gx, gy, s), (THREADS,), args, smem=smem)
+
+
+def _check_call(what: str, w: DeviceWeight, up: DeviceWeight | None, a: DeviceArray, n: int, c: DeviceArray,
+                resid: DeviceArray | None) -> None:  # fmt: skip
+    """One matrix (with an optional residual) or a SwiGLU pair of one layout (without)."""
+    if up is not None:
+        need_same_layout(w, up, what)
+        if resid is not None:
+            raise CudaError(f"{what}: a SwiGLU pair takes no residual")
+    _check(w, a, n, c)
+    check_resid(resid, c, n, w.rows)
 
 
 def _check(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray) -> None:
