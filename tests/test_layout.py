@@ -58,7 +58,7 @@ def test_gemm_tc_shared_memory_follows_the_kernel():
     constants."""
     from engine.cuda import k_gemm, k_gemm_tc
 
-    text = (ROOT / "kernels" / "gemm_tc.cu").read_text()
+    text = (ROOT / "kernels" / "gemm_tc.cu").read_text() + (ROOT / "kernels" / "gemm_tc_tile.cuh").read_text()
     tile = re.search(r"constexpr int BM = (\d+), BN = (\d+), BK = (\d+), LD = BK \+ (\d+), THREADS = (\d+);", text)
     stages = re.search(r"constexpr int NSTAGE = (\d+);", text)
     assert tile and stages, "gemm_tc.cu's tile constants moved"
