@@ -206,11 +206,9 @@ class Launch:
 
 
 _SMEM_OPTIN = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_smem_allowed: dict[int, int] = {}  # function -> the dynamic shared memory it was allowed
-
-
 _SMEM_CARVEOUT, _CARVEOUT_MAX_SHARED = 9, 100  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, its maximum
 SMEM_OPTIN_LIMIT = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+_smem_allowed: dict[int, int] = {}  # function -> the dynamic shared memory it was allowed
 
 
 def allow_smem(fn: ctypes.c_void_p, smem: int, most_shared: bool = False) -> None:

@@ -61,11 +61,16 @@ def gemm_dense3(
     return _two_pass(ws, None, a, n, cs, None, slab, split)
 
 
+_fits: dict[int, bool] = {}
+
+
 def fits(device: int = 0) -> bool:
     """Whether the GPU runs gemm_tc.cu's kernels: sm_80 or later (tf32 mma, cp.async) with MAX_SMEM of shared memory
-    a block (sm_80 and sm_90 have it; sm_86 and sm_89 allow 99 KiB)."""
-    limit = driver.attribute(driver.SMEM_OPTIN_LIMIT, device)
-    return driver.compute_major(device) >= 8 and limit >= MAX_SMEM + STATIC_SMEM
+    a block (sm_80 and sm_90 have it; sm_86 and sm_89 allow 99 KiB). Read once a device."""
+    if device not in _fits:
+        limit = driver.attribute(driver.SMEM_OPTIN_LIMIT, device)
+        _fits[device] = driver.compute_major(device) >= 8 and limit >= MAX_SMEM + STATIC_SMEM
+    return _fits[device]
 
 
 def pipe_smem(ggml_type: GGMLType) -> int:

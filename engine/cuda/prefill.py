@@ -34,9 +34,13 @@ def swiglu(wg: DeviceWeight, wu: DeviceWeight, a: DeviceArray, n: int, c: Device
 def matmuls(ws: list[DeviceWeight], a: DeviceArray, n: int, cs: list[DeviceArray]) -> list[Launch]:
     """cs[m][:n] = a[:n] . ws[m]^T for matrices of one input (q/k/v): those that take the dense GEMM three at a time
     through one slab and one gemm_dense launch (k_gemm_tc.gemm_dense3), the others a launch each."""
-    pairs = list(zip(ws, cs, strict=True))
-    dense = [(w, c) for w, c in pairs if _kind(w, n) == "dense"]
-    out = [launch for w, c in pairs if _kind(w, n) != "dense" for launch in matmul(w, a, n, c)]
+    dense: list[tuple[DeviceWeight, DeviceArray]] = []
+    out: list[Launch] = []
+    for w, c in zip(ws, cs, strict=True):
+        if _kind(w, n) == "dense":
+            dense.append((w, c))
+        else:
+            out += matmul(w, a, n, c)
     for at in range(0, len(dense), 3):
         group = dense[at : at + 3]
         out += k_gemm_tc.gemm_dense3([w for w, _ in group], a, n, [c for _, c in group])
