@@ -8,7 +8,7 @@
 // IQ2/IQ3 types, IQ1_S, IQ4_NL, TQ1_0 and TQ2_0 blocks are only 2-byte aligned, MXFP4's 17-byte ones not at all).
 // Q8_0, Q4_K and Q5_K also have `load8_affine(row, g, q, scale, offset)`: the same 8 values as small integers q[0..7]
 // (exact in float and in tf32) with the scale and offset their 32-value group shares, value = scale * q + offset
-// (load8 is that, in one rounding); tc_matvec.cu's TCMV_AFFINE form feeds the integers to the tensor cores.
+// (load8 is that, in one rounding).
 // This file: the float types, the 32-value legacy types and Q4_K..Q6_K; quant_lowbit.cuh: Q2_K, Q3_K, TQ1_0, TQ2_0;
 // quant_iq.cuh: the codebook types (i-quants, MXFP4).
 #pragma once

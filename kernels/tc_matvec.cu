@@ -27,12 +27,6 @@
 // last, as in matvec_block.cuh. Agreement with the float32 matvec is at the level of float32 rounding
 // (tests/test_cuda_tc_matvec.py).
 //
-// TCMV_AFFINE=1 (a compile-time form for A/Bs, scripts/variant.sh; 0 by default): on the tf32 path, the types whose
-// 32-value chunk shares one scale and offset (Q8_0, Q4_K, Q5_K: q::Quant<T>::load8_affine) go in as their integers,
-// exact in tf32, so a step is two mma (x's halves times q) and the weights need no split; a chunk's sums are then
-// scaled per row and the offset times the chunk's sum of x added: scale * (x . q) + offset * sum(x), with q centred
-// (AffineFrag) so that the error follows |w|, as the split form's does.
-//
 // Weight rows of at most STAGE_MAX_K values are staged through shared memory first (stage.cuh; matvec_block.cuh's
 // reasons), longer ones are read from global memory directly. Rows past R re-read row R - 1 and tokens past n token
 // n - 1; neither is written.
@@ -41,8 +35,6 @@
 #include "quant.cuh"
 #include "stage.cuh"
 #include "tf32.cuh"
-
-#include <type_traits>
 
 namespace {
 
@@ -116,14 +108,6 @@ constexpr bool TF32_ARCH = false;
 #endif
 template <int MT, int F>
 constexpr bool TF32 = TF32_ARCH && MT * F <= 2;
-
-#ifndef TCMV_AFFINE
-#define TCMV_AFFINE 0
-#endif
-template <int T>
-constexpr bool AFFINE_TYPE = T == q::Q8_0 || T == q::Q4_K || T == q::Q5_K;  // load8_affine's types
-template <int T, int MT, int F>
-constexpr bool AFFINE = TCMV_AFFINE && AFFINE_TYPE<T> && TF32<MT, F>;
 
 // One 8-row weight fragment's share of a chunk in this lane: its 8 values' hi and lo halves, in the mma's form:
 // tf32 halves of value i, or (TF = false) f16 halves of values (2i, 2i + 1).
@@ -213,65 +197,6 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
     }
 }
 
-// A fragment's share of a chunk in the affine form, for weights of type T: the lane's 8 integers, centred, as tf32
-// (exact), and the scale and offset of the fragment's rows 2q and 2q + 1 (those of acc[f][0..1] and [2..3]), from the
-// lanes whose row g they are. Centred: w = scale * q + offset = scale * (q - z) + (scale * z + offset) with z the
-// integer nearest -offset / scale (clamped: any integer is exact), so that a weight that cancels to zero (Q4_K's
-// d * sc * q = dmin * m) computes as 0 * x + 0 * sum(x), and the error follows |w| rather than |scale * q| + |offset|
-// (uncentred, a Q4_K row with such a zero under an activation of 1e6 missed the float32 bound 50-fold in an
-// emulation; centred, 0.002 of it).
-template <int T>
-struct AffineFrag {
-    uint32_t q[8];
-    float scale[2], offset[2];
-
-    __device__ __forceinline__ void load(const uint8_t* row, int group) {
-        float w[8], row_scale, row_offset;
-        q::Quant<T>::load8_affine(row, group, w, row_scale, row_offset);
-        const float z = fminf(fmaxf(rintf(__fdividef(-row_offset, row_scale)), -256.f), 256.f);  // NaN, inf: clamped
-        row_offset = fmaf(row_scale, z, row_offset);
-        const int r = 8 * (threadIdx.x & 3);  // rows 2q, 2q + 1 are those of lanes 8q and 8q + 4
-#pragma unroll
-        for (int i = 0; i < 8; ++i) q[i] = __float_as_uint(w[i] - z);  // |q - z| <= 512: exact
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            scale[j] = __shfl_sync(cm::FULL, row_scale, r + 4 * j);
-            offset[j] = __shfl_sync(cm::FULL, row_offset, r + 4 * j);
-        }
-    }
-};
-
-// tile_chunk in the affine form (tf32 only): per fragment, x's halves times the integers (two mma a step, into the
-// chunk's sums of each half), then acc += scale * (hi + lo) + offset * (the chunk's sum of the token's x).
-template <int T, int F>
-__device__ __forceinline__ void affine_chunk(const float (&x0)[8], const float (&x1)[8], const AffineFrag<T> (&b)[F],
-                                             float (&acc)[F][4]) {
-    float hi[F][4] = {}, lo[F][4] = {};  // two chains of four mma a fragment, not one of eight
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {  // step s (k8): slot q holds value 2s, slot q + 4 value 2s + 1 of the lane's 8
-        uint32_t ah[4], al[4];
-        split_step(x0, x1, s, ah, al);
-#pragma unroll
-        for (int f = 0; f < F; ++f) {
-            mma_tf32(lo[f], al, b[f].q[2 * s], b[f].q[2 * s + 1]);
-            mma_tf32(hi[f], ah, b[f].q[2 * s], b[f].q[2 * s + 1]);
-        }
-    }
-    float sx0 = 0.f, sx1 = 0.f;  // the chunk's sums of tokens g and g + 8 (the quad holds its 32 values)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sx0 += x0[i], sx1 += x1[i];
-    sx0 = quad_sum(sx0), sx1 = quad_sum(sx1);
-#pragma unroll
-    for (int f = 0; f < F; ++f) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const float d0 = hi[f][j] + lo[f][j], d1 = hi[f][2 + j] + lo[f][2 + j];
-            acc[f][j] = fmaf(b[f].scale[j], d0, fmaf(b[f].offset[j], sx0, acc[f][j]));
-            acc[f][2 + j] = fmaf(b[f].scale[j], d1, fmaf(b[f].offset[j], sx1, acc[f][2 + j]));
-        }
-    }
-}
-
 // Matrices a warp computes: all NM when JOIN (one split of x serves both SwiGLU matrices), else one (teams of warps).
 template <int NM, bool JOIN>
 constexpr int MATS_A_WARP = JOIN ? NM : 1;
@@ -325,17 +250,12 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     // scripts/bench_small_batch.py, a Qwen3-0.6B layer: n = 16 47.4 -> 47.0 us, n = 32 67.1 -> 70.2).
     for (int c = slice; c < chunks; c += TEAM) {
         const int k = 32 * c + 8 * qd;  // this lane's 8 values of the chunk
-        constexpr bool AF = AFFINE<T, MT, F>;
-        std::conditional_t<AF, AffineFrag<T>, Frag<TF32<MT, F>>> b[F];
+        Frag<TF32<MT, F>> b[F];
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            if constexpr (AF) {
-                b[f].load(row[f], k >> 3);
-            } else {
-                float w[8];
-                q::Quant<T>::load8(row[f], k >> 3, w);
-                make_frag(w, b[f]);
-            }
+            float w[8];
+            q::Quant<T>::load8(row[f], k >> 3, w);
+            make_frag(w, b[f]);
         }
         float nw[8];
         if (norm_w) load8(norm_w + k, nw);
@@ -353,8 +273,7 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
                     x1[i] *= nw[i];
                 }
             }
-            if constexpr (AF) affine_chunk<T, F>(x0, x1, b, acc[m]);
-            else tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m]);
+            tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m]);
         }
     }
 

@@ -18,15 +18,15 @@
 #              in the background right after the main build, beside the stages before this one), then
 #              scripts/module_load_bench.py: cuModuleLoad per module, main build against release (with LINEINFO=1
 #              for the main build: on an H200 the 8 base modules load in 99 ms with line tables, 19 without)
-#   variants   the kernel A/B kept as a compile-time switch: tc_matvec with TCMV_AFFINE=1 (Q8_0 / Q4_K / Q5_K weights
-#              into the tensor cores as integers, a scale and offset a 32-value group; a scripts/variant.sh copy), its
-#              kernel and model tests from its copy, then engine bench (warm) and engine profile --batch 13 / --batch
-#              32, base and variant interleaved, two rounds (GEMM_STAGE_K=32, session 23's, by EXTRA_NVCC the same way)
+#   variants   a kernel A/B kept as a compile-time switch, VARIANT="MODULE FLAGS..." (e.g. "gemm -DGEMM_STAGE_K=32"):
+#              a scripts/variant.sh copy with kernels/MODULE.cu rebuilt, its kernel tests (VARIANT_TESTS, default
+#              tests/test_cuda_MODULE.py) and model tests from its copy, then engine bench (warm) and engine profile
+#              --batch 13 / --batch 32, base and variant interleaved, two rounds
 #   attntc     the tensor-core prefill attention (attn_prefill_tc, on by default): its kernel tests, bench_attention.py,
 #              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
 #              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
-#   gemmtc     the tensor-core prefill GEMMs (kernels/gemm_tc.cu, REFLEX_PREFILL_GEMM=dense|pipe; gemm.cu's "tile"
-#              by default): their kernel and model tests, then engine bench and engine profile --batch 512 / 256 /
+#   gemmtc     the prefill GEMMs (REFLEX_PREFILL_GEMM: kernels/gemm_tc.cu's "pipe", the default from 256 tokens,
+#              and "dense"; gemm.cu's "tile"): their kernel and model tests, then engine bench and engine profile --batch 512 / 256 /
 #              128 for tile, dense and pipe (from 65 tokens on), interleaved, twice
 #   coldab     scripts/cold_ab.py on the Qwen3-0.6B-shaped Q4_K_M model: cold system1 under the cold path's switches
 #              (COLDAB_VARIANTS, default: base, release kernels if built, prefetch, late upload, readahead, modules
@@ -142,10 +142,15 @@ for stage in $STAGES; do
       [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/variants.log" 2>&1
       # A variant runs only if it built and its kernel tests pass (a failed build would leave the base's fatbins in it).
       ok=(base)
-      EXTRA_NVCC=-DTCMV_AFFINE=1 scripts/variant.sh make affine kernels/tc_matvec.cu=kernels/tc_matvec.cu \
-        >> "$OUT/variants.log" 2>&1 &&
-        scripts/variant.sh run affine python3 -m pytest -q -p no:cacheprovider tests/test_cuda_tc_matvec.py \
-          tests/test_cuda_model.py > "$OUT/variant_tests_affine.log" 2>&1 && ok+=(affine)
+      set -- ${VARIANT:-}  # "MODULE FLAGS...": kernels/MODULE.cu rebuilt with FLAGS
+      if [ $# -ge 2 ]; then
+        mod=$1; shift
+        EXTRA_NVCC="$*" scripts/variant.sh make variant "kernels/$mod.cu=kernels/$mod.cu" >> "$OUT/variants.log" 2>&1 &&
+          scripts/variant.sh run variant python3 -m pytest -q -p no:cacheprovider ${VARIANT_TESTS:-tests/test_cuda_$mod.py} \
+            tests/test_cuda_model.py > "$OUT/variant_tests_variant.log" 2>&1 && ok+=(variant)
+      else
+        echo "variants: VARIANT names no module and flags" | tee -a "$OUT/variants.log"
+      fi
       for f in "$OUT"/variant_tests_*.log; do tail -n 2 "$f"; done; echo "variants that built and passed: ${ok[*]}"
       [ ${#ok[@]} = 2 ] || stage_exit=1
       for round in 1 2; do

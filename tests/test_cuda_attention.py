@@ -263,14 +263,20 @@ def test_attn_decode_of_a_batch(n: int, L: int, group: int, hd: int, vd: int, kv
                            out, n)  # fmt: skip
 
 
-def test_attention_of_a_long_batch_takes_attn_prefill() -> None:
+def test_attention_of_a_long_batch_takes_attn_prefill(monkeypatch) -> None:
+    """Past DECODE_TOKENS one prefill launch: on tensor cores where dispatch.prefill_tc allows (sm_80 and later, by
+    default), attn_prefill with REFLEX_ATTN_TC=0."""
     kc, vc, pos = DeviceArray.empty((64, 2, 64)), DeviceArray.empty((64, 2, 64)), dev(np.array([9]), np.int32)
     n, H = dispatch.DECODE_TOKENS + 1, 4
     q, out = DeviceArray.empty((n * H * 64,)), DeviceArray.empty((n * H * 64,))
     part_o, part_ml = DeviceArray.empty((H, 32, 64)), DeviceArray.empty((H, 32, 2))
     tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
-    launches = ka.attention_launches(q, kc, vc, pos, n, H, 2, 64, 64, 0.125, part_o, part_ml, tickets, out)
-    assert [launch.name.split(".")[-1] for launch in launches] == ["attn_prefill"]
+    for setting in ("1", "0"):
+        monkeypatch.setenv("REFLEX_ATTN_TC", setting)
+        want = "attn_prefill_tc64" if dispatch.prefill_tc(64, 64, driver.compute_major()) else "attn_prefill"
+        assert setting == "1" or want == "attn_prefill"
+        launches = ka.attention_launches(q, kc, vc, pos, n, H, 2, 64, 64, 0.125, part_o, part_ml, tickets, out)
+        assert [launch.name.split(".")[-1] for launch in launches] == [want], setting
 
 
 @pytest.mark.parametrize("n_splits, vd", [(1, 64), (7, 200), (32, 512), (64, 132)])

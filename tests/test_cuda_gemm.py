@@ -319,7 +319,7 @@ def test_gemm_dense3(case, split: bool, seed: int) -> None:
         for m, (w, o) in enumerate(zip(ws, outs, strict=True)):
             where = f"{context} matrix {m} slab {slab_cols}"
             got = o.result(where)
-            assert_rows_close(got, a.astype(np.float64) @ w.dense.T, tolerance(w.ggml_type), where)
+            assert_rows_close(got, a.astype(np.float64) @ w.dense.T, tolerance(w.dev.ggml_type), where)
             if not split:
                 alone = Output(n, widths[m])
                 run(k_gemm.gemm(w.dev, d_a, n, alone.c, split=False))

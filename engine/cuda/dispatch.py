@@ -137,22 +137,25 @@ def gemm_splits(blocks: int, k_stages: int) -> int:
     return max(s, 1)
 
 
-# From PREFILL_TC_MIN tokens, on sm_90, a quantized matmul may take one of kernels/gemm_tc.cu's pipelined TF32 tiles
+# From PREFILL_TC_MIN tokens, on sm_90, a quantized matmul takes one of kernels/gemm_tc.cu's pipelined TF32 tiles
 # (128 tokens x 64 rows, cp.async stages, ldmatrix, mma.sync) rather than gemm.cu's, which dequantizes inside its K
-# loop through registers, two stages deep, and ran at ~50 TFLOP/s at pp512 on an H200 (2026-12-05, the Qwen3-0.6B
-# shape: ~9.3 of the 11.5 ms step): "dense" dequantizes the weights into a float slab first (a second pass) and
-# multiplies the slab; "pipe" stages the GGUF rows raw and dequantizes them beside the multiply. The same roundings
-# as gemm.cu (tf32 operands, float32 sums in k order). Not measured yet: "tile" (gemm.cu) unless REFLEX_PREFILL_GEMM
-# names another (REFLEX_PREFILL_GEMM_MIN sets the bound); sm_90 only (sm_86 / sm_89 lack their 110 KiB of shared
-# memory a block; sm_80 untried).
+# loop through registers, two stages deep: "pipe" (the default) stages the GGUF rows raw and dequantizes them beside
+# the multiply; "dense" dequantizes the weights into a float slab first (a second pass, the slab reserved only when
+# named) and multiplies the slab. The same roundings as gemm.cu (tf32 operands, float32 sums in k order).
+# REFLEX_PREFILL_GEMM=tile|dense|pipe picks one for comparisons, REFLEX_PREFILL_GEMM_MIN moves the bound. sm_90 only
+# (sm_86 / sm_89 lack their 110 KiB of shared memory a block; sm_80 untried). Measured on an H100 (2026-12-05, the
+# Qwen3-0.6B shape, engine profile step / engine bench, two interleaved rounds, bench/results/2026-12-05-session26.md):
+# 512 tokens tile 11.58 / 11.61 ms, dense 10.22 / 10.23, pipe 10.02 / 10.06 (pp512 45.7k / 45.1k -> 52.2k / 51.8k
+# tok/s); 256 tokens 7.36 / 7.30, 6.97 / 6.99, 7.08 / 7.08; 128 tokens 5.07 / 5.12, 5.55 / 5.55, 5.68 / 5.71 (the
+# tile wins there: 128-token blocks leave most SMs idle).
 PREFILL_GEMMS = ("tile", "dense", "pipe")
 PREFILL_TC_MIN = 256
 
 
 def prefill_gemm_named() -> str:
-    """The prefill GEMM REFLEX_PREFILL_GEMM names (default "tile": gemm.cu); the dense one's slab is reserved only
-    when it is named (k_gemm.reserve)."""
-    name = os.environ.get("REFLEX_PREFILL_GEMM", "tile")
+    """The prefill GEMM REFLEX_PREFILL_GEMM names (default "pipe"); the dense one's slab is reserved only when it is
+    named (k_gemm.reserve)."""
+    name = os.environ.get("REFLEX_PREFILL_GEMM", "pipe")
     if name not in PREFILL_GEMMS:
         raise InvalidInput(f"REFLEX_PREFILL_GEMM must be one of {', '.join(PREFILL_GEMMS)}, got {name!r}")
     return name
