@@ -33,7 +33,8 @@
 #              on first use; session 23's results drop the piece sizes, CUDA_MODULE_LOADING=EAGER and the exit
 #              teardown from it), interleaved, with warm and then dropped page caches
 #   ncu        Nsight Compute over one decode step's kernels of NCU_MODEL (default the 0.6B shape; NCU_KERNELS a
-#              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled), then scripts/ncu_table.py --by-kernel
+#              regex, NCU_SKIP / NCU_COUNT launches skipped / profiled; NCU_PROFILE_ARGS for engine profile, e.g.
+#              "--batch 512" for a prefill step's), then scripts/ncu_table.py --by-kernel
 # Usage: STAGES="tests bench" scripts/device_run.sh
 # Detached, for runs longer than one command (logs in RESULTS instead of $OUT, which each command empties):
 #   RESULTS=/tmp/res STAGES="llamacpp models tests peer" setsid scripts/device_run.sh > /tmp/run.log 2>&1 &
@@ -231,9 +232,11 @@ for stage in $STAGES; do
       timeout 120 python3 scripts/sync_cost.py > "$OUT/sync_cost.md" 2>&1; stage_exit=$?; cat "$OUT/sync_cost.md" ;;
     ncu)
       m=${NCU_MODEL:-bench/models/qwen3-0.6b-shaped-q4_k_m.gguf}
+      [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/ncu.log" 2>&1
       timeout "${NCU_TIMEOUT:-200}" ncu --launch-skip "${NCU_SKIP:-40}" --launch-count "${NCU_COUNT:-40}" \
         -k "${NCU_KERNELS:-regex:.}" --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --section WarpStateStats --section SchedulerStats python3 -m engine profile "$m" --repeats 2 > "$OUT/ncu.txt" 2>&1
+        --section WarpStateStats --section SchedulerStats --section InstructionStats \
+        python3 -m engine profile "$m" --repeats 2 ${NCU_PROFILE_ARGS:-} > "$OUT/ncu.txt" 2>&1
       echo "ncu exit $?"; python3 scripts/ncu_table.py "$OUT/ncu.txt" --by-kernel ;;
   esac
   status=$?  # the stage's last command (a stage that loops over models keeps its first failure in stage_exit)
