@@ -545,8 +545,12 @@ def test_moe_ffn(name: str, n: int, seed: int) -> None:
 @pytest.mark.parametrize("n", [1, 3, 8])
 @pytest.mark.parametrize("name", I16_FFNS, ids=str)
 def test_moe_ffn_float_forms_when_asked(name: str, n: int, seed: int, monkeypatch) -> None:
-    """REFLEX_MOE_I16=0: the float expert kernels, held to the float tolerance."""
-    monkeypatch.setenv("REFLEX_MOE_I16", "0")
+    """REFLEX_MOE_I16=0: the float expert kernels, held to the float tolerance. The shared expert's and the router's
+    1-token matvecs have 16-bit forms of their own (REFLEX_MATVEC_I16, REFLEX_STREAM_I16), off here too: with them
+    on, the DeepSeek layers' shared expert rounded its input to 16 bits unmodelled and about one run in three missed
+    the bound at n = 1 (2.0e-5 to 3.4e-5, on an H100, 2026-12-05)."""
+    for switch in ("REFLEX_MOE_I16", "REFLEX_MATVEC_I16", "REFLEX_STREAM_I16"):
+        monkeypatch.setenv(switch, "0")
     check_ffn(name, n, seed, i16_allowed=False)
 
 
