@@ -32,9 +32,10 @@ def prefetch(path: str, start: int, stop, chunk: int = PREFETCH_CHUNK) -> int:
     weight upload's thread does this while it waits for the CUDA context (engine/cuda.upload_early), time that is
     otherwise idle, and stops when the context exists. On a cold page cache the disk would then work during the
     context's creation (the prepare cache's check, reading its samples unadvised, made the cold start faster that way:
-    see `advise`); on a warm one it costs a copy on an idle thread. Off until measured on a GPU host (REFLEX_PREFETCH=1:
-    on; scripts/device_run.sh's coldab stage compares both): the bytes read, 0 when off. Never raises: the upload
-    reads the file itself either way."""
+    see `advise`); on a warm one it costs a copy on an idle thread. Off unless REFLEX_PREFETCH=1: on an H100
+    (2026-12-05, scripts/cold_ab.py, 7 rounds, page cache warm) process start to result 405.2 ms p50 without, 410.3
+    with; its cold-cache half, the case it was built for, is still to measure (scripts/device_run.sh's coldab stage).
+    Returns the bytes read, 0 when off. Never raises: the upload reads the file itself either way."""
     if os.environ.get("REFLEX_PREFETCH", "0") != "1":
         return 0
     done = 0
