@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Ahead-of-time kernel build: every kernels/*.cu -> kernels/build/<stem>.fatbin with SASS for each arch in
-# CUDA_ARCHS (default "75;80;86;89;90") plus PTX of the highest, -O3 -lineinfo (LINEINFO=0: without, the release
+# CUDA_ARCHS (default "75;80;86;89;90") plus PTX of the highest (PTX=0: none, a build for exactly those GPUs, about
+# half the bytes: what a device call carries), -O3 -lineinfo (LINEINFO=0: without, the release
 # build the image ships: the same SASS without the line tables, which make a module several times larger to read and
 # decompress at load; scripts/pdl_audit.py needs them). Also writes
 #   kernels/build/manifest.json   archs, nvcc version, per-module sha256 and size
@@ -30,7 +31,9 @@ for a in "${archs[@]}"; do
   gencode+=("-gencode=arch=compute_$a,code=sm_$a")
   (( a > highest )) && highest=$a
 done
-gencode+=("-gencode=arch=compute_$highest,code=compute_$highest")
+PTX="${PTX:-1}"
+[[ $PTX == 0 || $PTX == 1 ]] || { echo "build_kernels.sh: PTX must be 0 or 1" >&2; exit 1; }
+[ "$PTX" = 1 ] && gencode+=("-gencode=arch=compute_$highest,code=compute_$highest")
 
 mkdir -p "$OUT"
 for f in "$OUT"/*.fatbin; do  # modules whose source is gone
@@ -140,8 +143,9 @@ if awk 'NR > 1 && $6 > 0 { bad = 1 } END { exit !bad }' "$OUT/resources.txt"; th
 fi
 
 {
-  printf '{\n  "archs": "%s",\n  "ptx": "compute_%s",\n  "nvcc": "%s",\n  "lineinfo": %s,\n  "modules": {\n' \
-    "$ARCHS" "$highest" "$NVCC_VERSION" "$([ "$LINEINFO" = 1 ] && echo true || echo false)"
+  printf '{\n  "archs": "%s",\n  "ptx": %s,\n  "nvcc": "%s",\n  "lineinfo": %s,\n  "modules": {\n' \
+    "$ARCHS" "$([ "$PTX" = 1 ] && echo "\"compute_$highest\"" || echo null)" "$NVCC_VERSION" \
+    "$([ "$LINEINFO" = 1 ] && echo true || echo false)"
   first=1
   for f in "$OUT"/*.fatbin; do
     [ $first -eq 1 ] || printf ',\n'

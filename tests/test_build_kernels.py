@@ -111,3 +111,14 @@ def test_a_fresh_build_directory_reuses_the_cache(tree):
     assert build(tree, **cache)[0] != 0  # compiled, cached, and failing on its spill
     code, compiled, out = build(tree, KERNEL_BUILD_DIR=str(tree / "scratch3"), **cache)
     assert code != 0 and compiled == set() and "register spills" in out  # the cached log still reports it
+
+
+def test_ptx_0_builds_only_the_listed_archs(tree):
+    """PTX=0 drops the PTX of the highest arch (a different build: every module compiles again), and the manifest
+    says so (doctor then fails on a GPU outside the list instead of expecting a JIT)."""
+    assert build(tree)[0] == 0
+    assert json.loads((tree / "kernels/build/manifest.json").read_text())["ptx"] == "compute_90"
+    assert build(tree, PTX="0")[:2] == (0, {"a", "b", "c"})
+    assert json.loads((tree / "kernels/build/manifest.json").read_text())["ptx"] is None
+    code, _, out = build(tree, PTX="2")
+    assert code != 0 and "PTX must be 0 or 1" in out

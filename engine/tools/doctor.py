@@ -74,6 +74,8 @@ def _kernels() -> tuple[str, str]:
     if arch in archs:
         return "pass", f"native code for {arch} in {len(manifest['modules'])} modules ({manifest['nvcc']})"
     ptx = manifest["ptx"]
+    if ptx is None:
+        return "fail", f"kernels built for {archs} without PTX, which cannot run on {arch}"
     if int(ptx.split("_")[1]) <= int(arch.split("_")[1]):
         return "warn", f"no native code for {arch}: the driver will JIT {ptx} PTX at first load (slow cold start)"
     return "fail", f"kernels built for {archs} + {ptx}, which cannot run on {arch}"
