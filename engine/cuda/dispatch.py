@@ -146,8 +146,8 @@ def gemm_splits(blocks: int, k_stages: int) -> int:
 # (sm_86 / sm_89 lack their 110 KiB of shared memory a block; sm_80 untried). Measured on an H100 (2026-12-05, the
 # Qwen3-0.6B shape, engine profile step / engine bench, two interleaved rounds, bench/results/2026-12-05-session26.md):
 # 512 tokens tile 11.58 / 11.61 ms, dense 10.22 / 10.23, pipe 10.02 / 10.06 (pp512 45.7k / 45.1k -> 52.2k / 51.8k
-# tok/s); 256 tokens 7.36 / 7.30, 6.97 / 6.99, 7.08 / 7.08; 128 tokens 5.07 / 5.12, 5.55 / 5.55, 5.68 / 5.71 (the
-# tile wins there: 128-token blocks leave most SMs idle).
+# tok/s); 256 tokens 7.36 / 7.30, 6.97 / 6.99, 7.08 / 7.08; 128 tokens 5.07 / 5.12, 5.55 / 5.55, 5.68 / 5.71 (gemm.cu
+# wins there: at 128 tokens a matrix gets one row of 128-token blocks, 32 for q, before split-K).
 PREFILL_GEMMS = ("tile", "dense", "pipe")
 PREFILL_TC_MIN = 256
 
