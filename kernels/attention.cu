@@ -71,6 +71,7 @@ attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml
 // dims they trap). Each has an entry point over a float cache and one over a __half cache (_f16), same arguments.
 //   attn_prefill:      grid (ceil(n / 32), H), block 128, dynamic shared memory (2*32*(hd + 4) + 32*vd + 1056) * 4 B
 //   attn_prefill_tc{D}: grid (ceil(n / 64), H), block 128, dynamic shared memory prefill_tc_smem_floats<D, D>() * 4 B
+//   attn_prefill_tc{D}_k2: the same with block 256, two key groups (attention_prefill_tc.cuh, KS = 2)
 struct SimtForm {
     template <typename KV>
     static __device__ __forceinline__ void run(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n,
@@ -80,18 +81,22 @@ struct SimtForm {
     }
 };
 
-template <int D>
+template <int D, int KS = 1>
 struct TcForm {
     template <typename KV>
     static __device__ __forceinline__ void run(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n,
                                                int H, int KVH, int hd, int vd, float scale, float* out, float* sm) {
-        if (TC_ATTENTION && hd == D && vd == D) prefill_tc<D, D>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
+        if (TC_ATTENTION && hd == D && vd == D) prefill_tc<D, D, KS>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
         else __trap();
     }
 };
 
-#define ATTN_PREFILL(NAME, KV, FORM)                                                                               \
-    extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
+using TcForm128K2 = TcForm<128, 2>;  // one macro argument each
+using TcForm64K2 = TcForm<64, 2>;
+
+#define ATTN_PREFILL(NAME, KV, FORM) ATTN_PREFILL_BLOCK(NAME, KV, FORM, 128, 2)
+#define ATTN_PREFILL_BLOCK(NAME, KV, FORM, THREADS, MIN_BLOCKS)                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                              \
         NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
              const int* pos, int n, int H, int KVH, int hd, int vd, float scale, float* __restrict__ out) {        \
         pdl::begin();                                                                                              \
@@ -105,4 +110,9 @@ ATTN_PREFILL(attn_prefill_tc128, float, TcForm<128>)
 ATTN_PREFILL(attn_prefill_tc128_f16, __half, TcForm<128>)
 ATTN_PREFILL(attn_prefill_tc64, float, TcForm<64>)
 ATTN_PREFILL(attn_prefill_tc64_f16, __half, TcForm<64>)
+ATTN_PREFILL_BLOCK(attn_prefill_tc128_k2, float, TcForm128K2, 256, 1)
+ATTN_PREFILL_BLOCK(attn_prefill_tc128_k2_f16, __half, TcForm128K2, 256, 1)
+ATTN_PREFILL_BLOCK(attn_prefill_tc64_k2, float, TcForm64K2, 256, 1)
+ATTN_PREFILL_BLOCK(attn_prefill_tc64_k2_f16, __half, TcForm64K2, 256, 1)
 #undef ATTN_PREFILL
+#undef ATTN_PREFILL_BLOCK

@@ -65,12 +65,15 @@ def main() -> None:
 
     n = 512
     q, out = rand((n, H * HD), rng), DeviceArray.empty((n, H * HD))
-    forms = [("attn_prefill", False)] + ([("attn_prefill_tc", True)] if driver.compute_major() >= 8 else [])
+    forms = [("attn_prefill", False, 1)]
+    if driver.compute_major() >= 8:  # the tensor-core form with one and two key groups (REFLEX_ATTN_TC_KEYS)
+        forms += [("attn_prefill_tc", True, 1), ("attn_prefill_tc_k2", True, 2)]
     for p0 in (0, 1536):  # a prompt's first chunk, and one after 1,536 cached tokens
         pos.copy_from_host(np.array([p0], np.int32))
         flops = 4.0 * H * HD * n * (p0 + (n + 1) / 2)  # causal QK^T and PV
-        for name, tc in forms:
-            ms = timed([ka.attn_prefill(q, kc, vc, pos, n, H, KVH, HD, HD, scale, out, tc=tc)], stream)
+        for name, tc, groups in forms:
+            ms = timed([ka.attn_prefill(q, kc, vc, pos, n, H, KVH, HD, HD, scale, out, tc=tc, key_groups=groups)],
+                       stream)  # fmt: skip
             row(f"{name} n={n} after {p0}", ms, f"{flops / ms[0] / 1e9:.1f} TFLOP/s; x{args.layers} layers: "
                 f"{ms[0] * args.layers:.2f} ms")  # fmt: skip
     pos.copy_from_host(np.array([0], np.int32))

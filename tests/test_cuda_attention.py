@@ -345,10 +345,12 @@ def tensor_cores() -> None:
 @pytest.mark.parametrize("n, pos0", [*PREFILL_CASES, (65, 0), (128, 7), (200, 2000)])
 @pytest.mark.parametrize("hd, group", [(128, 2), (64, 1), (128, 8)])
 @pytest.mark.parametrize("kv", ["f4", "f2"])
-def test_attn_prefill_tc(n: int, pos0: int, hd: int, group: int, kv: str, seed: int) -> None:
+@pytest.mark.parametrize("key_groups", [1, 2])
+def test_attn_prefill_tc(n: int, pos0: int, hd: int, group: int, kv: str, key_groups: int, seed: int) -> None:
     """The tensor-core form against the same float64 reference and tolerance as attn_prefill: its split tf32
-    operands keep float32-level sums."""
-    check_prefill(functools.partial(ka.attn_prefill, tc=True), n, pos0, hd, hd, group, kv, seed)
+    operands keep float32-level sums; with two key groups (8 warps, each half on half of every key tile, merged at
+    the end) as with one."""
+    check_prefill(functools.partial(ka.attn_prefill, tc=True, key_groups=key_groups), n, pos0, hd, hd, group, kv, seed)
 
 
 @pytest.mark.usefixtures("tensor_cores")
@@ -364,6 +366,11 @@ def test_attn_prefill_tc_takes_its_head_dims_only_and_the_rule_picks_it(monkeypa
     for hd, name in ((64, "attn_prefill_tc64"), (96, "attn_prefill")):
         launches = ka.attention_launches(q, kc, vc, pos, n, H, 2, hd, hd, 0.1, part_o, part_ml, tickets, out)
         assert [launch.name.split(".")[-1] for launch in launches] == [name]
+    monkeypatch.setenv("REFLEX_ATTN_TC_KEYS", "2")  # the two-key-group form: its entry point and 8 warps
+    (launch,) = ka.attention_launches(q, kc, vc, pos, n, H, 2, 64, 64, 0.1, part_o, part_ml, tickets, out)
+    assert (launch.name.split(".")[-1], launch.block) == ("attn_prefill_tc64_k2", (256, 1, 1))
+    with pytest.raises(CudaError, match="key groups 3"):
+        ka.attn_prefill(q, kc, vc, pos, n, H, 2, 64, 64, 0.1, out, tc=True, key_groups=3)
 
 
 def check_prefill(wrapper, n: int, pos0: int, hd: int, vd: int, group: int, kv: str, seed: int) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from engine.cuda import dispatch, k_matvec, k_tc_matvec
 from engine.cuda.memory import DeviceArray, DeviceWeight
-from engine.errors import CudaError
+from engine.errors import CudaError, InvalidInput
 from engine.quants import GGMLType
 
 
@@ -115,3 +115,14 @@ def test_three_matrices_pack_padded_to_three() -> None:
     assert [a.value for a in outs] == [0x4000] * 3
     with pytest.raises(CudaError, match="tcmv3 takes matrices of one width"):
         k_matvec.matvec3_operands("tcmv3", [q, v, k], ys, 8)
+
+
+def test_prefill_tc_key_groups_are_one_unless_asked(monkeypatch) -> None:
+    monkeypatch.delenv("REFLEX_ATTN_TC_KEYS", raising=False)
+    assert dispatch.prefill_tc_key_groups() == 1
+    monkeypatch.setenv("REFLEX_ATTN_TC_KEYS", "2")
+    assert dispatch.prefill_tc_key_groups() == 2
+    for bad in ("3", "0", "two"):
+        monkeypatch.setenv("REFLEX_ATTN_TC_KEYS", bad)
+        with pytest.raises(InvalidInput, match="REFLEX_ATTN_TC_KEYS"):
+            dispatch.prefill_tc_key_groups()

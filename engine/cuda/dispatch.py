@@ -223,6 +223,20 @@ def prefill_tc(hd: int, vd: int, major: int) -> bool:
     return os.environ.get("REFLEX_ATTN_TC", "1") != "0" and hd == vd and hd in PREFILL_TC_DIMS and major >= 8
 
 
+PREFILL_TC_KEY_GROUPS = (1, 2)
+
+
+def prefill_tc_key_groups() -> int:
+    """attn_prefill_tc's key groups a block (REFLEX_ATTN_TC_KEYS, default 1): 2 takes the _k2 entry points, 8 warps a
+    block, each half of them on half of every 32-key tile, the halves' softmax merged at the end
+    (kernels/attention_prefill_tc.cuh). Twice the warps an SM where a block is all an SM has (128 blocks at 512
+    tokens and 16 heads: one 4-warp block an SM, every latency exposed). An A/B form, not measured yet."""
+    groups = env_int("REFLEX_ATTN_TC_KEYS", 1, minimum=1)
+    if groups not in PREFILL_TC_KEY_GROUPS:
+        raise InvalidInput(f"REFLEX_ATTN_TC_KEYS must be one of {PREFILL_TC_KEY_GROUPS}, got {groups}")
+    return groups
+
+
 BLOCK_HEADS = 4  # q heads an attn_decode block scores at most when a kv head is shared among blocks
 
 

@@ -173,6 +173,7 @@ def attn_prefill(
     n: int, H: int, KVH: int, hd: int, vd: int, scale: float,
     out: DeviceArray,  # (n, H*vd) f32
     tc: bool = False,  # attn_prefill_tc: on tensor cores (sm_80 and later), hd = vd in dispatch.PREFILL_TC_DIMS
+    key_groups: int | None = None,  # attn_prefill_tc's, 1 or 2; default dispatch.prefill_tc_key_groups()
 ) -> Launch:  # fmt: skip
     _heads(H, KVH, hd, vd)
     if tc and (hd != vd or hd not in dispatch.PREFILL_TC_DIMS):
@@ -183,10 +184,15 @@ def attn_prefill(
     need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, n, KVH, hd, vd)
     need(out, "out", "f4", n * H * vd, aligned=True)
-    name, queries = (f"attn_prefill_tc{hd}", 64) if tc else ("attn_prefill", 32)
+    groups = 1
+    if tc:
+        groups = dispatch.prefill_tc_key_groups() if key_groups is None else key_groups
+        if groups not in dispatch.PREFILL_TC_KEY_GROUPS:
+            raise CudaError(f"attn_prefill_tc: key groups {groups}, one of {dispatch.PREFILL_TC_KEY_GROUPS}")
+    name, queries = (f"attn_prefill_tc{hd}{'_k2' if groups == 2 else ''}", 64) if tc else ("attn_prefill", 32)
     smem = prefill_tc_smem_bytes(hd, vd) if tc else prefill_smem_bytes(hd, vd)
     fn = driver.module("attention").fn(kv_kernel(name, k_cache))
     driver.allow_smem(fn, smem)
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             ptr(out)]  # fmt: skip
-    return Launch(fn, ((n + queries - 1) // queries, H), (128,), args, smem=smem)
+    return Launch(fn, ((n + queries - 1) // queries, H), (128 * groups,), args, smem=smem)
