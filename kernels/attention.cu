@@ -86,8 +86,10 @@ struct TcForm {
     template <typename KV>
     static __device__ __forceinline__ void run(const float* q, const KV* k_cache, const KV* v_cache, int p0, int n,
                                                int H, int KVH, int hd, int vd, float scale, float* out, float* sm) {
-        if (TC_ATTENTION && hd == D && vd == D) prefill_tc<D, D, KS>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
-        else __trap();
+        if (TC_ATTENTION && hd == D && vd == D)
+            prefill_tc<D, D, KS>(q, k_cache, v_cache, p0, n, H, KVH, scale, out, sm);
+        else
+            __trap();
     }
 };
 

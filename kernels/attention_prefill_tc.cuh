@@ -164,9 +164,10 @@ __device__ __forceinline__ void prefill_tc(const float* __restrict__ q, const KV
                 float sum = l[a] + __shfl_xor_sync(0xffffffffu, l[a], 1);
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                 if (c == 0) ml[2 * row] = m[a], ml[2 * row + 1] = sum;
+                float* r = mo + row * VP + 2 * c;
 #pragma unroll
                 for (int i = 0; i < NV; ++i)
-                    *reinterpret_cast<float2*>(mo + row * VP + 8 * i + 2 * c) = make_float2(o[i][2 * a], o[i][2 * a + 1]);
+                    *reinterpret_cast<float2*>(r + 8 * i) = make_float2(o[i][2 * a], o[i][2 * a + 1]);
             }
         }
         __syncthreads();
