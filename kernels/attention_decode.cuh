@@ -4,12 +4,17 @@
 #include "attention_common.cuh"
 #include "pdl.cuh"
 
+#ifndef ATTN_DECODE_TILE16
+#define ATTN_DECODE_TILE16 0  // an A/B switch until measured (decode below)
+#endif
+
 namespace {
 
 // ---- decode ----------------------------------------------------------------------------------------------------
 // Block (b, split s), 4 warps: b = g * parts + part takes q heads [b * G, +G) of kv head g (G = H / KVH / parts).
-// The split's keys are dealt to warps in tiles of 32 (warp w: tiles w, w+4, ...); every warp keeps its own online
-// softmax for GC q heads at once and the 4 are merged at the end, so a block reads each K/V row once from memory.
+// The split's keys are dealt to warps in tiles of tk = 32 or 16 keys (warp w: tiles w, w+4, ...); every warp keeps
+// its own online softmax for GC q heads at once and the 4 are merged at the end, so a block reads each K/V row once
+// from memory.
 // Lane `lane` owns dims 4*lane + 128*i (i < NI) of q, k, v and of the accumulators. Scores of a tile come in GC
 // groups of KG = 32/GC keys: each lane forms the KG x GC partial dot products of its dims, and one transpose_sum
 // leaves lane L holding score (key j*KG + L/GC, head L%GC) of group j in sc[j]. Heads beyond GC are done in further
@@ -18,7 +23,7 @@ namespace {
 template <int NI, int GC, typename KV>
 __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const KV* __restrict__ kc,
                                              const KV* __restrict__ vc, int G, int parts, int KVH, int hd, int vd,
-                                             float scale, int n_splits, int k0, int k1, float* __restrict__ part_o,
+                                             float scale, int n_splits, int k0, int k1, int tk, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, float* __restrict__ direct, float* sm) {
     constexpr int KG = 32 / GC;
     // Rows of V in flight: 16 where the registers hold them (f16 rows; float rows with GC <= 2), else 8. On an H200
@@ -47,8 +52,8 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
             }
         float m = neg_inf(), l = 0.0f;  // for head lane % GC: running max, and this lane's share of the sum
 
-        for (int kt = k0 + 32 * warp; kt < k1; kt += 128) {
-            const int nk = min(32, k1 - kt);
+        for (int kt = k0 + tk * warp; kt < k1; kt += 4 * tk) {
+            const int nk = min(tk, k1 - kt);  // a group past it (16-key tiles: the second half) skips as past a split
             // Raw scores go to sp (sp[j*32 + lane] for group j) so the group loop need not be unrolled: unrolled,
             // the compiler hoists every group's loads and runs out of registers.
 #pragma unroll 1
@@ -247,8 +252,12 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     // One active split (folded): its block writes out itself, with no partials, ticket or second pass.
     const int th = t * H;  // heads of the tokens before t (n * H * max(hd, n_splits * vd) < 2^31)
     float* direct = counters && active == 1 ? out + th * vd : nullptr;
+    // Keys a warp's tile: 16 where the block's keys fit 4 of them (ATTN_DECODE_TILE16), else 32. A short split (a
+    // decode step's first 64 keys, a system1 prompt's tokens) then spreads over all 4 warps, each with half the chain
+    // of dependent reads (one group of K rows, 16 V rows) instead of one or two warps with two of each.
+    const int tk = ATTN_DECODE_TILE16 && k1 - k0 <= 64 ? 16 : 32;
 #define DECODE(NI, GC) decode_heads<NI, GC>(q + th * hd, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, \
-                                            k1, part_o + th * n_splits * vd, part_ml + th * n_splits * 2, direct, sm)
+                                            k1, tk, part_o + th * n_splits * vd, part_ml + th * n_splits * 2, direct, sm)
     // GC heads a pass, a kv head's q heads rounded up to 2, 4 or 8 (the rest padded with zero heads); rows wider than
     // 128 take 4 (GC = 2 there would hold 16 keys' 256-wide loads in flight a group). GC = 2 has 16 keys' loads in
     // flight a group and no padding heads for 2 q heads a kv head: over a float cache on an H200 (2026-12-04, the
