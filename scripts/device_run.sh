@@ -21,7 +21,8 @@
 #   variants   a kernel A/B kept as a compile-time switch, VARIANT="MODULE FLAGS..." (e.g. "gemm -DGEMM_STAGE_K=32"):
 #              a scripts/variant.sh copy with kernels/MODULE.cu rebuilt, its kernel tests (VARIANT_TESTS, default
 #              tests/test_cuda_MODULE.py) and model tests from its copy, then engine bench (warm) and engine profile
-#              --batch 1 / 13 / 32, base and variant interleaved, two rounds
+#              --batch 1 / 13 / 32 (after VARIANT_PROMPT cached tokens, default 64), base and variant interleaved,
+#              two rounds
 #   attntc     the tensor-core prefill attention (attn_prefill_tc, on by default): its kernel tests, bench_attention.py,
 #              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
 #              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
@@ -159,8 +160,8 @@ for stage in $STAGES; do
           run=(python3 -m engine); [ $v = base ] || run=(scripts/variant.sh run $v python3 -m engine)
           timeout 120 "${run[@]}" bench "$m" > "$OUT/variant_bench_${v}_$round.json" 2>> "$OUT/variants.log"
           for b in 1 13 32; do
-            timeout 120 "${run[@]}" profile "$m" --repeats 20 --batch $b > "$OUT/variant_profile_${v}_b${b}_$round.json" \
-              2>> "$OUT/variants.log"
+            timeout 120 "${run[@]}" profile "$m" --repeats 20 --batch $b --prompt-tokens "${VARIANT_PROMPT:-64}" \
+              > "$OUT/variant_profile_${v}_b${b}_$round.json" 2>> "$OUT/variants.log"
           done
           python3 -c "import json,sys; w=json.load(open(sys.argv[1]))['warm']; print(sys.argv[2], sys.argv[3], w)" \
             "$OUT/variant_bench_${v}_$round.json" $v $round 2>&1 | cut -c1-400
