@@ -28,6 +28,11 @@ __device__ __forceinline__ float tf32_round(float v) { return __uint_as_float(tf
 // which is the tf32 fragment element (g, q). A's four matrices are rows +0 / +8 at k +0 / +4 (a0..a3), W's two n-tiles
 // at k +0 / +4 (b0, b1 of each). Tokens past n read token n - 1 and rows past Rs row Rs - 1: never written.
 constexpr int BM = 128, BN = 64, BK = 32, LD = BK + 4, THREADS = 128;
+// GEMM_TC_A_RAW=1 (a measurement only, not a form to ship): A's fragments go to the mma unrounded (the tensor cores
+// then truncate them), to time what the 16 cvt.rna a warp's k8 step cost against its 16 mma.
+#ifndef GEMM_TC_A_RAW
+#define GEMM_TC_A_RAW 0
+#endif
 constexpr int NSTAGE = 4;  // engine/cuda/k_gemm_tc.py's SMEM follows (tests/test_layout.py holds them together)
 constexpr int STAGE_FLOATS = (BM + BN) * LD;
 constexpr int CLD = BN + 8;  // the staged output tile sC[BM][CLD], over the stage buffers (72: stage_out's float2
@@ -95,8 +100,10 @@ struct Acc {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 ldmatrix4(a[i], smem_addr(a0 + 16 * i * LD + kk));
+#if !GEMM_TC_A_RAW
 #pragma unroll
                 for (int e = 0; e < 4; ++e) a[i][e] = tf32_rna(a[i][e]);
+#endif
             }
 #pragma unroll
             for (int j = 0; j < 4; j += 2) {

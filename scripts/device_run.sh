@@ -21,8 +21,8 @@
 #   variants   a kernel A/B kept as a compile-time switch, VARIANT="MODULE FLAGS..." (e.g. "gemm -DGEMM_STAGE_K=32"):
 #              a scripts/variant.sh copy with kernels/MODULE.cu rebuilt, its kernel tests (VARIANT_TESTS, default
 #              tests/test_cuda_MODULE.py) and model tests from its copy, then engine bench (warm) and engine profile
-#              --batch 1 / 13 / 32 (after VARIANT_PROMPT cached tokens, default 64), base and variant interleaved,
-#              two rounds
+#              --batch VARIANT_BATCHES (default "1 13 32", after VARIANT_PROMPT cached tokens, default 64), base and
+#              variant interleaved, two rounds
 #   attntc     the tensor-core prefill attention (attn_prefill_tc, on by default): its kernel tests, bench_attention.py,
 #              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
 #              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
@@ -147,9 +147,11 @@ for stage in $STAGES; do
       set -- ${VARIANT:-}  # "MODULE FLAGS...": kernels/MODULE.cu rebuilt with FLAGS
       if [ $# -ge 2 ]; then
         mod=$1; shift
+        # VARIANT_TESTS=none: a measurement-only form (one that no test would pass), timed once it builds
         EXTRA_NVCC="$*" scripts/variant.sh make variant "kernels/$mod.cu=kernels/$mod.cu" >> "$OUT/variants.log" 2>&1 &&
-          scripts/variant.sh run variant python3 -m pytest -q -p no:cacheprovider ${VARIANT_TESTS:-tests/test_cuda_$mod.py} \
-            tests/test_cuda_model.py > "$OUT/variant_tests_variant.log" 2>&1 && ok+=(variant)
+          { [ "${VARIANT_TESTS:-}" = none ] ||
+            scripts/variant.sh run variant python3 -m pytest -q -p no:cacheprovider ${VARIANT_TESTS:-tests/test_cuda_$mod.py} \
+              tests/test_cuda_model.py > "$OUT/variant_tests_variant.log" 2>&1; } && ok+=(variant)
       else
         echo "variants: VARIANT names no module and flags" | tee -a "$OUT/variants.log"
       fi
@@ -159,7 +161,7 @@ for stage in $STAGES; do
         for v in "${ok[@]}"; do
           run=(python3 -m engine); [ $v = base ] || run=(scripts/variant.sh run $v python3 -m engine)
           timeout 120 "${run[@]}" bench "$m" > "$OUT/variant_bench_${v}_$round.json" 2>> "$OUT/variants.log"
-          for b in 1 13 32; do
+          for b in ${VARIANT_BATCHES:-1 13 32}; do
             timeout 120 "${run[@]}" profile "$m" --repeats 20 --batch $b --prompt-tokens "${VARIANT_PROMPT:-64}" \
               > "$OUT/variant_profile_${v}_b${b}_$round.json" 2>> "$OUT/variants.log"
           done
