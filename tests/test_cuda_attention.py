@@ -207,7 +207,7 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
             assert np.array_equal(first, combined), ctx
 
 
-@pytest.mark.parametrize("L", [1, 7, 33, 1000, 4096])
+@pytest.mark.parametrize("L", [1, 7, 33, 64, 1000, 4096])
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 def test_attn_decode(L: int, group: int, hd: int, seed: int) -> None:
@@ -215,7 +215,7 @@ def test_attn_decode(L: int, group: int, hd: int, seed: int) -> None:
         check_decode(L, group, hd, hd, n_splits, seed)
 
 
-@pytest.mark.parametrize("L", [1, 33, 129, 4096])
+@pytest.mark.parametrize("L", [1, 33, 50, 129, 4096])
 @pytest.mark.parametrize("group", [1, 2, 8])
 @pytest.mark.parametrize("hd, vd", [(64, 64), (128, 128), (256, 256), (192, 128)])
 def test_attn_decode_f16_cache(L: int, group: int, hd: int, vd: int, seed: int) -> None:
