@@ -28,11 +28,6 @@ __device__ __forceinline__ float tf32_round(float v) { return __uint_as_float(tf
 // which is the tf32 fragment element (g, q). A's four matrices are rows +0 / +8 at k +0 / +4 (a0..a3), W's two n-tiles
 // at k +0 / +4 (b0, b1 of each). Tokens past n read token n - 1 and rows past Rs row Rs - 1: never written.
 constexpr int BM = 128, BN = 64, BK = 32, LD = BK + 4, THREADS = 128;
-// GEMM_TC_A_RAW=1 (a measurement only, not a form to ship): A's fragments go to the mma unrounded (the tensor cores
-// then truncate them), to time what the 16 cvt.rna a warp's k8 step cost against its 16 mma.
-#ifndef GEMM_TC_A_RAW
-#define GEMM_TC_A_RAW 0
-#endif
 constexpr int NSTAGE = 4;  // engine/cuda/k_gemm_tc.py's SMEM follows (tests/test_layout.py holds them together)
 constexpr int STAGE_FLOATS = (BM + BN) * LD;
 constexpr int CLD = BN + 8;  // the staged output tile sC[BM][CLD], over the stage buffers (72: stage_out's float2
@@ -88,7 +83,12 @@ struct Acc {
                 for (int e = 0; e < 4; ++e) d[i][j][e] = 0.f;
     }
 
-    // The 4 k8 steps of a stage: A's tile sA[BM][LD], W's (tf32 already) sW[BN][LD], in shared memory.
+    // The 4 k8 steps of a stage: A's tile sA[BM][LD], W's (tf32 already) sW[BN][LD], in shared memory. A's 16
+    // cvt.rna a warp's k8 step (beside its 16 mma) are not what bounds the tile: on an H200 (2026-12-05, the
+    // Qwen3-0.6B shape, a measurement-only build without them, the tensor cores truncating A) the prefill step took
+    // 10.08 -> 9.78 ms at 512 tokens and 7.11 -> 6.89 at 256. Nsight Compute (same day, 512 tokens): gemm_pipe_q4_k
+    // 51 us, an instruction issued every ~3 cycles a scheduler, 10 % achieved occupancy (one 4-warp block an SM, a
+    // warp a scheduler): latency, which more warps an SM would hide.
     __device__ __forceinline__ void mma_stage(const float* sA, const float* sW) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 1, wn = warp & 1, mi = lane >> 3;
         // this lane's row address for the ldmatrix of A's m-tile 0 and of W's n-tiles (0, 1), at k step 0
@@ -100,10 +100,8 @@ struct Acc {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 ldmatrix4(a[i], smem_addr(a0 + 16 * i * LD + kk));
-#if !GEMM_TC_A_RAW
 #pragma unroll
                 for (int e = 0; e < 4; ++e) a[i][e] = tf32_rna(a[i][e]);
-#endif
             }
 #pragma unroll
             for (int j = 0; j < 4; j += 2) {

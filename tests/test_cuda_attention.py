@@ -265,7 +265,8 @@ def test_attn_decode_of_a_batch(n: int, L: int, group: int, hd: int, vd: int, kv
 
 def test_attention_of_a_long_batch_takes_attn_prefill(monkeypatch) -> None:
     """Past DECODE_TOKENS one prefill launch: on tensor cores where dispatch.prefill_tc allows (sm_80 and later, by
-    default), attn_prefill with REFLEX_ATTN_TC=0."""
+    default, two key groups a block), attn_prefill with REFLEX_ATTN_TC=0."""
+    monkeypatch.delenv("REFLEX_ATTN_TC_KEYS", raising=False)
     kc, vc, pos = DeviceArray.empty((64, 2, 64)), DeviceArray.empty((64, 2, 64)), dev(np.array([9]), np.int32)
     n, H = dispatch.DECODE_TOKENS + 1, 4
     q, out = DeviceArray.empty((n * H * 64,)), DeviceArray.empty((n * H * 64,))
@@ -273,7 +274,7 @@ def test_attention_of_a_long_batch_takes_attn_prefill(monkeypatch) -> None:
     tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
     for setting in ("1", "0"):
         monkeypatch.setenv("REFLEX_ATTN_TC", setting)
-        want = "attn_prefill_tc64" if dispatch.prefill_tc(64, 64, driver.compute_major()) else "attn_prefill"
+        want = "attn_prefill_tc64_k2" if dispatch.prefill_tc(64, 64, driver.compute_major()) else "attn_prefill"
         assert setting == "1" or want == "attn_prefill"
         launches = ka.attention_launches(q, kc, vc, pos, n, H, 2, 64, 64, 0.125, part_o, part_ml, tickets, out)
         assert [launch.name.split(".")[-1] for launch in launches] == [want], setting
@@ -363,12 +364,14 @@ def test_attn_prefill_tc_takes_its_head_dims_only_and_the_rule_picks_it(monkeypa
     part_o, part_ml = DeviceArray.empty((H, 32, 64)), DeviceArray.empty((H, 32, 2))
     tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
     monkeypatch.setenv("REFLEX_ATTN_TC", "1")
-    for hd, name in ((64, "attn_prefill_tc64"), (96, "attn_prefill")):
+    monkeypatch.delenv("REFLEX_ATTN_TC_KEYS", raising=False)  # the default: two key groups, 8 warps a block
+    for hd, name in ((64, "attn_prefill_tc64_k2"), (96, "attn_prefill")):
         launches = ka.attention_launches(q, kc, vc, pos, n, H, 2, hd, hd, 0.1, part_o, part_ml, tickets, out)
         assert [launch.name.split(".")[-1] for launch in launches] == [name]
-    monkeypatch.setenv("REFLEX_ATTN_TC_KEYS", "2")  # the two-key-group form: its entry point and 8 warps
+    assert launches[0].block == (128, 1, 1)  # attn_prefill's
+    monkeypatch.setenv("REFLEX_ATTN_TC_KEYS", "1")  # the one-key-group form: its entry point and 4 warps
     (launch,) = ka.attention_launches(q, kc, vc, pos, n, H, 2, 64, 64, 0.1, part_o, part_ml, tickets, out)
-    assert (launch.name.split(".")[-1], launch.block) == ("attn_prefill_tc64_k2", (256, 1, 1))
+    assert (launch.name.split(".")[-1], launch.block) == ("attn_prefill_tc64", (128, 1, 1))
     with pytest.raises(CudaError, match="key groups 3"):
         ka.attn_prefill(q, kc, vc, pos, n, H, 2, 64, 64, 0.1, out, tc=True, key_groups=3)
 

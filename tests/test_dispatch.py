@@ -117,11 +117,11 @@ def test_three_matrices_pack_padded_to_three() -> None:
         k_matvec.matvec3_operands("tcmv3", [q, v, k], ys, 8)
 
 
-def test_prefill_tc_key_groups_are_one_unless_asked(monkeypatch) -> None:
+def test_prefill_tc_key_groups_are_two_unless_asked(monkeypatch) -> None:
     monkeypatch.delenv("REFLEX_ATTN_TC_KEYS", raising=False)
-    assert dispatch.prefill_tc_key_groups() == 1
-    monkeypatch.setenv("REFLEX_ATTN_TC_KEYS", "2")
     assert dispatch.prefill_tc_key_groups() == 2
+    monkeypatch.setenv("REFLEX_ATTN_TC_KEYS", "1")
+    assert dispatch.prefill_tc_key_groups() == 1
     for bad in ("3", "0", "two"):
         monkeypatch.setenv("REFLEX_ATTN_TC_KEYS", bad)
         with pytest.raises(InvalidInput, match="REFLEX_ATTN_TC_KEYS"):

@@ -227,11 +227,14 @@ PREFILL_TC_KEY_GROUPS = (1, 2)
 
 
 def prefill_tc_key_groups() -> int:
-    """attn_prefill_tc's key groups a block (REFLEX_ATTN_TC_KEYS, default 1): 2 takes the _k2 entry points, 8 warps a
+    """attn_prefill_tc's key groups a block (REFLEX_ATTN_TC_KEYS, default 2): 2 takes the _k2 entry points, 8 warps a
     block, each half of them on half of every 32-key tile, the halves' softmax merged at the end
-    (kernels/attention_prefill_tc.cuh). Twice the warps an SM where a block is all an SM has (128 blocks at 512
-    tokens and 16 heads: one 4-warp block an SM, every latency exposed). An A/B form, not measured yet."""
-    groups = env_int("REFLEX_ATTN_TC_KEYS", 1, minimum=1)
+    (kernels/attention_prefill_tc.cuh); 1 the 4-warp block. Twice the warps an SM where a block is all an SM has (128
+    blocks at 512 tokens and 16 heads: one 4-warp block an SM, every latency exposed). On an H200 (2026-12-05, the
+    Qwen3-0.6B shape, two interleaved rounds, bench/results/2026-12-05-h200-session27.md): the kernel at 512 tokens
+    69.3 -> 63.6 us after 0 cached keys, 264.5 -> 239.0 after 1,536; the profile step 10.09 / 10.09 -> 9.82 / 9.80 ms
+    and 16.75 / 16.74 -> 15.26 / 15.24; engine bench pp512 51.7k / 52.3k -> 53.3k / 53.0k tok/s."""
+    groups = env_int("REFLEX_ATTN_TC_KEYS", 2, minimum=1)
     if groups not in PREFILL_TC_KEY_GROUPS:
         raise InvalidInput(f"REFLEX_ATTN_TC_KEYS must be one of {PREFILL_TC_KEY_GROUPS}, got {groups}")
     return groups
