@@ -169,35 +169,69 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
     }
 }
 
-// out[h, :] for the G q heads [b * G, +G) of block row b, from the partials of splits [0, active): M = max_s m_s,
-// then in split order o = sum_s w_s * part_o[h, s, :], L = sum_s w_s * l_s with w_s = exp(m_s - M) (0 for an empty
-// split), out = o / L.
-// FOLD (inside attn_decode): the partials were written by other blocks of this launch (visible through L2 after their
-// fence), so they are read with __ldcg, never through this L1. attn_combine, a later launch, reads them as usual
-// (through L1: every thread reads the same maxima). On an H200 the __ldcg form took 8.1 us a launch for the 30B-A3B
-// shape, the plain-load kernel before it 4.2 us (this split not yet measured).
-template <bool FOLD>
-__device__ __forceinline__ float ld_part(const float* p) {
-    if constexpr (FOLD) return __ldcg(p);
-    return *p;
-}
+// out[h, :] for the G q heads [b * G, +G) of block row b, from the partials of splits [0, active), which other blocks
+// of this launch wrote (visible through L2 after their fence: read with __ldcg, never through this L1): M = max_s m_s,
+// w_s = exp(m_s - M) (0 for an empty split), out = sum_s w_s * part_o[h, s, :] / sum_s w_s * l_s, each sum in a fixed
+// order whatever order the blocks ran in.
+// ATTN_FOLD_WEIGHTS = 0: each thread finds M and then sums its element over the splits in split order (L too), one
+// split after another: with 32 active splits (4,096 keys) 32 dependent trips to L2, and on an H200 (2026-12-05,
+// scripts/bench_attention.py, the Qwen3-0.6B shape) the folded launch took 17.9 us against 12.6 for attn_decode and
+// attn_combine as two launches (10.9 / 9.6 at 1,024 keys; 7.1 / 8.1 at 128, one split). 1: attn_combine's way, the
+// weights first (warp w for heads w, w + 4, ...: lanes over the splits, L summed in the warp's tree order) into
+// shared memory, then each element's sum in split order with its loads independent (unrolled by 8). An A/B switch
+// until measured.
+#ifndef ATTN_FOLD_WEIGHTS
+#define ATTN_FOLD_WEIGHTS 0
+#endif
+constexpr int FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2;  // decode's shared floats (the weights' room)
 
-template <bool FOLD>
 __device__ __forceinline__ void combine_heads(const float* part_o, const float* part_ml, int b, int G, int n_splits,
-                                              int active, int vd, float* __restrict__ out) {
+                                              int active, int vd, float* __restrict__ out, float* sm) {
+#if ATTN_FOLD_WEIGHTS
+    float* ws = sm;               // [G][active]: w_s of each head (G * (active + 1) <= FOLD_FLOATS: k_attention checks)
+    float* ls = sm + G * active;  // [G]: sum_s w_s * l_s
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int h = warp; h < G; h += 4) {
+        const float* ml = part_ml + (long long)(b * G + h) * n_splits * 2;
+        float M = neg_inf();
+        for (int s = lane; s < active; s += 32) M = fmaxf(M, __ldcg(ml + 2 * s));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = shfl_max(M, o);
+        float L = 0.0f;
+        for (int s = lane; s < active; s += 32) {
+            const float m = __ldcg(ml + 2 * s), w = m == neg_inf() ? 0.0f : expf(m - M);
+            ws[h * active + s] = w;
+            L = fmaf(w, __ldcg(ml + 2 * s + 1), L);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) ls[h] = L;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * vd; idx += blockDim.x) {
+        const int h = idx / vd, e = idx - h * vd;
+        const float* po = part_o + (long long)(b * G + h) * n_splits * vd + e;
+        const float* w = ws + h * active;
+        float o = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < active; ++s) o = fmaf(w[s], __ldcg(po + (long long)s * vd), o);
+        out[(long long)(b * G + h) * vd + e] = o / ls[h];
+    }
+#else
     for (int idx = threadIdx.x; idx < G * vd; idx += blockDim.x) {
         const int h = b * G + idx / vd, e = idx % vd;
         const float* ml = part_ml + (long long)h * n_splits * 2;
         float M = neg_inf();
-        for (int s = 0; s < active; ++s) M = fmaxf(M, ld_part<FOLD>(ml + 2 * s));
+        for (int s = 0; s < active; ++s) M = fmaxf(M, __ldcg(ml + 2 * s));
         float o = 0.0f, L = 0.0f;
         for (int s = 0; s < active; ++s) {
-            const float m = ld_part<FOLD>(ml + 2 * s), w = m == neg_inf() ? 0.0f : expf(m - M);
-            o = fmaf(w, ld_part<FOLD>(part_o + ((long long)h * n_splits + s) * vd + e), o);
-            L = fmaf(w, ld_part<FOLD>(ml + 2 * s + 1), L);
+            const float m = __ldcg(ml + 2 * s), w = m == neg_inf() ? 0.0f : expf(m - M);
+            o = fmaf(w, __ldcg(part_o + ((long long)h * n_splits + s) * vd + e), o);
+            L = fmaf(w, __ldcg(ml + 2 * s + 1), L);
         }
         out[(long long)h * vd + e] = o / L;
     }
+#endif
 }
 
 // Before the wait: the cache rows of this block's keys into L2, so that its chain of dependent reads after the wait
@@ -238,7 +272,7 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
                                        float scale, int n_splits, int min_chunk, int parts, float* __restrict__ part_o,
                                        float* __restrict__ part_ml, int* __restrict__ counters,
                                        float* __restrict__ out, int prefetch) {
-    __shared__ float4 sm4[(4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2) / 4];
+    __shared__ float4 sm4[FOLD_FLOATS / 4];
     __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
     const int t = blockIdx.z;
@@ -280,8 +314,8 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     __syncthreads();
     if (ticket != active - 1) return;
     __threadfence();
-    combine_heads<true>(part_o + th * n_splits * vd, part_ml + th * n_splits * 2, blockIdx.x, G, n_splits, active, vd,
-                        out + th * vd);
+    combine_heads(part_o + th * n_splits * vd, part_ml + th * n_splits * 2, blockIdx.x, G, n_splits, active, vd,
+                  out + th * vd, sm);
     if (threadIdx.x == 0) *counter = 0;  // for the next launch
 }
 }  // namespace

@@ -304,6 +304,18 @@ def test_attn_combine(n_splits: int, vd: int, seed: int) -> None:
         ka.attn_combine(dev(o), dev(ml), H, 65, vd, out)
 
 
+def test_attn_decode_bounds_the_folded_weights() -> None:
+    """The folded combine keeps each head's split weights in attn_decode's shared memory: a grid whose heads x splits
+    would not fit is refused (no model's dispatch asks for one: at most 7 heads a block, 396 splits)."""
+    H, KVH, hd, splits = 7, 1, 64, ka.FOLD_FLOATS // 7
+    q, kc, vc = DeviceArray.empty((H * hd,)), DeviceArray.empty((8, KVH, hd)), DeviceArray.empty((8, KVH, hd))
+    pos, out, counters = dev(np.array([3]), np.int32), DeviceArray.empty((H * hd,)), ka.split_counters(KVH)
+    part_o, part_ml = DeviceArray.empty((H, splits, hd)), DeviceArray.empty((H, splits, 2))
+    ka.attn_decode(q, kc, vc, pos, H, KVH, hd, hd, 0.1, splits - 1, part_o, part_ml, counters, out)  # fits
+    with pytest.raises(CudaError, match="folded combine"):
+        ka.attn_decode(q, kc, vc, pos, H, KVH, hd, hd, 0.1, splits, part_o, part_ml, counters, out)
+
+
 def test_decode_launches_follow_the_dispatch_rule(monkeypatch) -> None:
     """One block a kv head: one folded launch below 8 q heads a kv head, split partials and attn_combine from 8;
     REFLEX_ATTN_PARTS=shared: one folded launch, a kv head's q heads shared among blocks of at most 4."""

@@ -73,3 +73,13 @@ def test_gemm_tc_shared_memory_follows_the_kernel():
     forms = re.search(r"PIPE_KERNEL\(gemm_pipe_##tag, T, (\d+), \d\) PIPE_KERNEL\(gemm_pipe256_##tag, T, (\d+)", text)
     assert forms and tuple(map(int, forms.groups())) == k_gemm_tc.PIPE_TOKENS, "gemm_pipe's tiles moved"
     assert "return 4 * (PIPE_STAGES * TM * LD + 2 * BN * LD) + 2 * BN * RAW_PITCH<T>;" in text  # pipe_smem's formula
+
+
+def test_attn_decode_fold_room_follows_the_kernel():
+    """k_attention bounds the folded combine's weights (heads x splits) by attn_decode's shared floats."""
+    from engine.cuda import k_attention
+
+    text = (ROOT / "kernels" / "attention_decode.cuh").read_text()
+    room = re.search(r"constexpr int FOLD_FLOATS = ([^;]+);", text)
+    assert room, "attention_decode.cuh's FOLD_FLOATS moved"
+    assert eval(room.group(1), {}) == k_attention.FOLD_FLOATS  # an integer expression of literals

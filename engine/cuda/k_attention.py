@@ -17,6 +17,7 @@ from engine.errors import CudaError
 
 MAX_HEAD_DIM = 256  # hd and vd; rope_dim / 2 <= 128 cos/sin pairs in shared memory
 MAX_COMBINE_SPLITS = 64  # attn_combine's weights in shared memory
+FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2  # attn_decode's shared floats: the folded combine's weights' room
 
 
 def _heads(H: int, KVH: int, hd: int, vd: int) -> None:
@@ -77,6 +78,9 @@ def attn_decode(
         raise CudaError(f"attn_decode: {H // KVH} q heads a kv head cannot go in {parts} equal parts")
     if (counters is None) != (out is None):
         raise CudaError("attn_decode: counters and out come together (the folded combine)")
+    if counters is not None and H // KVH // parts * (n_splits + 1) > FOLD_FLOATS:
+        raise CudaError(f"attn_decode: the folded combine's weights of {H // KVH // parts} heads x {n_splits} splits "
+                        f"exceed its {FOLD_FLOATS} floats of shared memory")  # fmt: skip
     if n < 1 or n * H * max(hd, n_splits * vd) >= 2**31:  # the kernel offsets a token's rows in 32-bit integers
         raise CudaError(f"attn_decode: {n} tokens of {H} heads x {n_splits} splits do not fit its offsets")
     need(q, "q", "f4", n * H * hd, aligned=True)
