@@ -326,7 +326,7 @@ def test_gemm_dense3(case, split: bool, seed: int) -> None:
                 assert_rows_close(got, alone.result(where), AGAINST_GEMM, where + " against gemm")
 
 
-@pytest.mark.parametrize("tokens", k_gemm_tc.PIPE_TOKENS)
+@pytest.mark.parametrize("tokens", k_gemm_tc.PIPE_TOKENS, ids=lambda t: f"tile{t}")
 @pytest.mark.parametrize("split", [False, True], ids=["whole_k", "split_k"])
 @pytest.mark.parametrize("shape", DENSE_SHAPES, ids=lambda s: "n{}_R{}_K{}".format(*s))
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
