@@ -23,8 +23,9 @@ namespace {
 template <int NI, int GC, typename KV>
 __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const KV* __restrict__ kc,
                                              const KV* __restrict__ vc, int G, int parts, int KVH, int hd, int vd,
-                                             float scale, int n_splits, int k0, int k1, int tk, float* __restrict__ part_o,
-                                             float* __restrict__ part_ml, float* __restrict__ direct, float* sm) {
+                                             float scale, int n_splits, int k0, int k1, int tk,
+                                             float* __restrict__ part_o, float* __restrict__ part_ml,
+                                             float* __restrict__ direct, float* sm) {
     constexpr int KG = 32 / GC;
     // Rows of V in flight: 16 where the registers hold them (f16 rows; float rows with GC <= 2), else 8. On an H200
     // (2026-12-04, the Qwen3-0.6B shape, float cache, 64-key context) 16 against 8: attn_decode 8.1 -> 6.9 us a
@@ -293,8 +294,9 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     // 0.7437 -> 0.7198 / 0.7176 ms, the 13-token step 1.305 / 1.304 -> 1.257 / 1.262, 32 tokens (keys past 64)
     // 1.733 / 1.732 -> 1.732 / 1.731; engine bench decode 1,223 / 1,223 -> 1,245 / 1,246 tok/s.
     const int tk = ATTN_DECODE_TILE16 && k1 - k0 <= 64 ? 16 : 32;
-#define DECODE(NI, GC) decode_heads<NI, GC>(q + th * hd, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, \
-                                            k1, tk, part_o + th * n_splits * vd, part_ml + th * n_splits * 2, direct, sm)
+#define DECODE(NI, GC)                                                                                         \
+    decode_heads<NI, GC>(q + th * hd, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, k1, tk, \
+                         part_o + th * n_splits * vd, part_ml + th * n_splits * 2, direct, sm)
     // GC heads a pass, a kv head's q heads rounded up to 2, 4 or 8 (the rest padded with zero heads); rows wider than
     // 128 take 4 (GC = 2 there would hold 16 keys' 256-wide loads in flight a group). GC = 2 has 16 keys' loads in
     // flight a group and no padding heads for 2 q heads a kv head: over a float cache on an H200 (2026-12-04, the

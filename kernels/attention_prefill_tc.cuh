@@ -23,11 +23,11 @@ constexpr bool TC_ATTENTION = true;
 // as attn_prefill's. Row strides of HD + 4 and VD + 4 floats (4 mod 32): the fragment loads of q, k (rows g, dims
 // c) and v (rows 2c, columns g) fall on 32 distinct banks.
 // Shared: qs[64][HD+4] (pre-scaled q), ks[32][HD+4], vs[32][VD+4]: prefill_tc_smem_floats.
-// KS = 2 (the default; REFLEX_ATTN_TC_KEYS=1 takes KS = 1): a block of 8 warps, warp w on rows 16 (w % 4) .. +15 against keys
-// [16 (w / 4), +16) of every tile (two of the four 8-key fragments), each key group with its own online softmax;
-// at the end group 1 leaves its rows' max, sum and accumulators in shared memory (over q's tile) and group 0 merges
-// them: twice the warps an SM where a block is all an SM has (128 blocks at 512 tokens and 16 heads), half the mma
-// a warp a tile.
+// KS = 2 (the default; REFLEX_ATTN_TC_KEYS=1 takes KS = 1): a block of 8 warps, warp w on rows 16 (w % 4) .. +15
+// against keys [16 (w / 4), +16) of every tile (two of the four 8-key fragments), each key group with its own
+// online softmax; at the end group 1 leaves its rows' max, sum and accumulators in shared memory (over q's tile) and
+// group 0 merges them: twice the warps an SM where a block is all an SM has (128 blocks at 512 tokens and 16 heads),
+// half the mma a warp a tile.
 template <int HD, int VD>
 constexpr int prefill_tc_smem_floats() {
     return 64 * (HD + 4) + 32 * (HD + 4) + 32 * (VD + 4);

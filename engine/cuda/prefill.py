@@ -18,7 +18,7 @@ def matmul(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray, *,
     kind = _kind(w, n)
     if kind == "dense":
         return k_gemm_tc.gemm_dense(w, a, n, c, resid=resid)
-    if kind.startswith("pipe"):
+    if kind in _PIPE_TOKENS:
         return [k_gemm_tc.gemm_pipe(w, a, n, c, resid=resid, tokens=_PIPE_TOKENS[kind])]
     return [k_gemm.gemm(w, a, n, c, resid=resid)]
 
@@ -28,7 +28,7 @@ def swiglu(wg: DeviceWeight, wu: DeviceWeight, a: DeviceArray, n: int, c: Device
     kind = _kind(wg, n)
     if kind == "dense":
         return k_gemm_tc.gemm_dense(wg, a, n, c, up=wu)
-    if kind.startswith("pipe"):
+    if kind in _PIPE_TOKENS:
         return [k_gemm_tc.gemm_pipe(wg, a, n, c, up=wu, tokens=_PIPE_TOKENS[kind])]
     return [k_gemm.gemm_swiglu(wg, wu, a, n, c)]
 
