@@ -5,7 +5,6 @@
 #include "pdl.cuh"
 #include "matvec_block.cuh"
 #include "matvec_stream.cuh"
-#include "qk_rope.cuh"
 
 namespace {
 
@@ -34,67 +33,6 @@ __device__ __forceinline__ void matvec3_block(const uint8_t* W0, const uint8_t* 
     } else {
         blk -= b0 + b1;
         mv::matvec_block_in<TB, 1, 1, I16>(W2, W2, rb2, R2, K, x, 1, norm_w, eps, nullptr, y2, buf, blk);
-    }
-}
-
-// matvec3_rope16: matvec3's 16-bit form for one token's q, k and v (W0, W1, W2; heads of hd values, hd % 8 == 0),
-// then in the same launch what qk_rope_kv (norm_rope.cu) does for the token at p = *pos: v's rows into v_cache[p],
-// every q head QK-normed and rotated in place, every k head into k_cache[p]. A head's hd / 8 row blocks each write
-// their rows, fence, and take a ticket on the head (tickets[slot], q heads first); the last of them reads the head back
-// from L2 and one warp norms and rotates it with qk_rope.cuh's functions (qk_rope_kv's, so the bits agree), then
-// resets the ticket for the next launch. A v block copies its own rows (finish's threads 0..7 wrote them).
-template <int TA, int TB, typename KV>
-__device__ __forceinline__ void qkv_rope_epilogue(int R0, int R1, int R2, float* y0, const float* y1,
-                                                  const float* y2, int hd, const float* q_norm, const float* k_norm,
-                                                  float qk_eps, int rope_dim, float theta, float freq_scale,
-                                                  float ext_factor, float corr_lo, float corr_hi, float mscale,
-                                                  const float* freq_factors, int rope_neox, const int* pos,
-                                                  KV* k_cache, KV* v_cache, int* tickets) {
-    __shared__ float cs[128], sn[128], row[rope::MAX_HD];  // cos / sin of pair i; the head being rotated
-    __shared__ int last;
-    const int b0 = (R0 + ROWS - 1) / ROWS, b1 = (R1 + ROWS - 1) / ROWS, blk = blockIdx.x;
-    const int p = *pos;
-    __syncthreads();  // the block's rows are written
-    if (blk >= b0 + b1) {
-        const int r = (blk - b0 - b1) * ROWS + threadIdx.x;
-        if (threadIdx.x < ROWS && r < R2) stkv(v_cache + (long long)p * R2 + r, y2[r]);
-        return;
-    }
-    const bool is_q = blk < b0;
-    const int head = (is_q ? blk : blk - b0) / (hd / ROWS), slot = is_q ? head : R0 / hd + head;
-    __threadfence();  // this block's rows before its ticket
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(tickets + slot, 1) == hd / ROWS - 1;
-        if (last) tickets[slot] = 0;  // every block of the head has taken its ticket
-        __threadfence();              // the other blocks' rows after the ticket
-    }
-    __syncthreads();
-    if (!last) return;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (threadIdx.x < (rope_dim >> 1)) {
-        const float inv = rope::inv_freq(threadIdx.x, rope_dim, theta, freq_factors);
-        rope::pair(threadIdx.x, inv, p, freq_scale, ext_factor, corr_lo, corr_hi, mscale, cs, sn);
-    }
-    float* src = (is_q ? y0 : const_cast<float*>(y1)) + (long long)head * hd;
-    if (warp == THREADS / 32 - 1) {  // the last warp: the pairs above take at most the first four
-        const float* nw = is_q ? q_norm : k_norm;
-        float xv[8], wv[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int j = lane + 32 * u;
-            xv[u] = j < hd ? __ldcg(src + j) : 0.f;  // from L2: other blocks wrote them
-            wv[u] = nw && j < hd ? nw[j] : 0.f;
-        }
-        rope::norm_head(xv, wv, nw != nullptr, hd, qk_eps, lane, row);
-    }
-    __syncthreads();  // the row and the cos / sin table
-    if (warp == THREADS / 32 - 1) {
-        KV* kh = k_cache + (long long)p * R1 + (long long)head * hd;
-        rope::rotate_head(row, hd, rope_dim, rope_neox, cs, sn, lane, [&](int j, float o) {
-            if (is_q) src[j] = o;  // block-uniform
-            else stkv(kh + j, o);
-        });
     }
 }
 
@@ -214,7 +152,7 @@ __device__ __forceinline__ void gather_dot_warp(const uint8_t* __restrict__ W, l
 // bound ptxas (nvcc 13.0) spilled 8 bytes of matvec_swiglu_q4_k_n1 on sm_86/89/120. matvec3 states a minimum of 1
 // block an SM but on sm_90 (above): with 2, matvec3_q6_k_n1 spilled on sm_100/120, and with no minimum on sm_120.
 #define MATVEC_KERNELS(tag, T)                                                                                      \
-    MATVEC_N(tag, T, 1, MV_BOUNDS_N1(T)) MATVEC_N(tag, T, 2, MV_BOUNDS_N2) MATVEC_N(tag, T, 4, MV_BOUNDS_N4) \
+    MATVEC_N(tag, T, 1, MV_BOUNDS_N1(T)) MATVEC_N(tag, T, 2, MV_BOUNDS_N2) MATVEC_N(tag, T, 4, MV_BOUNDS_N4)                    \
     MATVEC_N(tag, T, 8, MV_BOUNDS) GATHER_DOT(tag, T, MV_BOUNDS) MATVEC3(tag, T)
 // The low-bit and codebook types: N = 1 and 8 only (2..7 tokens take the 8-token kernel, k_matvec.py).
 #define MATVEC_KERNELS_1_8(tag, T) \
@@ -250,32 +188,6 @@ MATVEC3_KERNEL(matvec3_q4_k_q5_k_n1, q::Q4_K, q::Q5_K)
     MATVEC3_FORM(matvec3_16_##tag##_n1, T, T, true, MATVEC3_BLOCKS(T, T))
 Q16_FOR_EACH_TYPE(MATVEC16_KERNELS)
 MATVEC3_FORM(matvec3_16_q4_k_q6_k_n1, q::Q4_K, q::Q6_K, true, MATVEC3_16_MIXED_BLOCKS)
-
-// matvec3_rope16_{a}[_{b}]_n1 (float cache) and _f16 (__half cache): matvec3_16's arguments, then hd, the QK-norm
-// weights (or null), qk_rope_kv's RoPE arguments, pos, the layer's caches and H + KVH tickets (zero between launches).
-// Grid and block are matvec3's; the qkv_rope_epilogue above.
-#define MATVEC3_ROPE_FORM(name, TA, TB, KV, BLOCKS)                                                                 \
-    extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS)                                                   \
-        name(const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, long long rb0, long long rb1, long long rb2,   \
-             int R0, int R1, int R2, int K, const float* x, const float* norm_w, float eps, float* y0, float* y1,    \
-             float* y2, int hd, const float* q_norm, const float* k_norm, float qk_eps, int rope_dim, float theta,   \
-             float freq_scale, float ext_factor, float corr_lo, float corr_hi, float mscale,                         \
-             const float* freq_factors, int rope_neox, const int* pos, KV* k_cache, KV* v_cache, int* tickets) {     \
-        pdl::launch_dependents();                                                                                   \
-        prefetch_rows3(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2);                                                      \
-        pdl::wait();                                                                                                \
-        matvec3_block<TA, TB, true>(W0, W1, W2, rb0, rb1, rb2, R0, R1, R2, K, x, norm_w, eps, y0, y1, y2);           \
-        qkv_rope_epilogue<TA, TB, KV>(R0, R1, R2, y0, y1, y2, hd, q_norm, k_norm, qk_eps, rope_dim, theta,          \
-                                      freq_scale, ext_factor, corr_lo, corr_hi, mscale, freq_factors, rope_neox,    \
-                                      pos, k_cache, v_cache, tickets);                                              \
-    }
-#define MATVEC3_ROPE(tag, TA, TB, BLOCKS)                               \
-    MATVEC3_ROPE_FORM(matvec3_rope16_##tag##_n1, TA, TB, float, BLOCKS) \
-    MATVEC3_ROPE_FORM(matvec3_rope16_##tag##_n1_f16, TA, TB, __half, BLOCKS)
-// Q6_K's asks for 3 blocks an SM on sm_90 (80 registers): at 4 it spilled 16 bytes (nvcc 13.0).
-#define MATVEC3_ROPE_1(tag, T) MATVEC3_ROPE(tag, T, T, T == q::Q6_K ? MATVEC3_16_MIXED_BLOCKS : MATVEC3_BLOCKS(T, T))
-Q16_FOR_EACH_TYPE(MATVEC3_ROPE_1)
-MATVEC3_ROPE(q4_k_q6_k, q::Q4_K, q::Q6_K, MATVEC3_16_MIXED_BLOCKS)
 
 // matvec_stream (matvec_stream.cuh): one token through a tall matrix; the quantized common types. _{t}: K <= 2048
 // (8 groups of x a lane, ~100 registers); _{t}_k1024: K <= 1024 (4 groups, 63 registers: twice the warps an SM).

@@ -6,11 +6,14 @@
 #include <stdint.h>
 
 #include "kv_cache.cuh"
-#include "qk_rope.cuh"
 
 namespace {
 
-using cm::warp_sum;
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
 // Sum over a block of 256 threads, returned to every thread. `red` holds 8 floats.
 __device__ __forceinline__ float block_sum_256(float v, float* red) {
@@ -22,13 +25,42 @@ __device__ __forceinline__ float block_sum_256(float v, float* red) {
     return warp_sum(v);
 }
 
-// cos / sin of the rope_dim / 2 pairs at position p into cs / sn (qk_rope.cuh's angles; the caller syncs).
+// cos / sin of the rope_dim / 2 pairs at position p into cs / sn (the caller syncs before reading them), as
+// engine/cpu/ops.rope_angles: pair i turns by p * freq_scale * theta^(-2i / rope_dim) / freq_factors[i]; with YaRN
+// (ext_factor != 0) the angle mixes back the unscaled one, a * (1 - mix) + p * inv * mix with
+// mix = ext_factor * (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) (high-frequency pairs keep their angle); cos
+// and sin are multiplied by mscale. Float32 powf / sincosf (accurate library versions, not the intrinsics). Without
+// YaRN and with mscale 1 every value is bit-identical to the plain formula (x * 1.0f is exact). rope_table is
+// rope_inv then rope_pair for each pair; qk_rope_kv calls the two apart.
+//
+// The position-free part of pair i's angle: theta^(-2i / rope_dim) / freq_factors[i] (freq_factors is a weight).
+__device__ __forceinline__ float rope_inv(int i, int rope_dim, float theta, const float* freq_factors) {
+    float inv = powf(theta, -2.0f * float(i) / float(rope_dim));
+    if (freq_factors) inv /= freq_factors[i];  // pre-wait: a weight (qk_rope_kv calls this before its wait)
+    return inv;
+}
+
+// cos / sin of pair i at position p from its rope_inv into cs[i] / sn[i].
+__device__ __forceinline__ void rope_pair(int i, float inv, int p, float freq_scale, float ext_factor, float corr_lo,
+                                          float corr_hi, float mscale, float* cs, float* sn) {
+    float a = float(p) * freq_scale * inv;
+    if (ext_factor != 0.0f) {
+        const float ramp = fminf(fmaxf((float(i) - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo), 0.0f), 1.0f);
+        const float mix = ext_factor * (1.0f - ramp);
+        a = a * (1.0f - mix) + float(p) * inv * mix;
+    }
+    float s, c;
+    sincosf(a, &s, &c);
+    sn[i] = s * mscale;
+    cs[i] = c * mscale;
+}
+
 __device__ __forceinline__ void rope_table(int p, int rope_dim, float theta, float freq_scale, float ext_factor,
                                            float corr_lo, float corr_hi, float mscale,
                                            const float* __restrict__ freq_factors, float* cs, float* sn) {
     for (int i = threadIdx.x; i < (rope_dim >> 1); i += blockDim.x)
-        rope::pair(i, rope::inv_freq(i, rope_dim, theta, freq_factors), p, freq_scale, ext_factor, corr_lo, corr_hi,
-                   mscale, cs, sn);
+        rope_pair(i, rope_inv(i, rope_dim, theta, freq_factors), p, freq_scale, ext_factor, corr_lo, corr_hi, mscale,
+                  cs, sn);
 }
 
 // Element j < rope_dim of x rotated with normal pairs (2i, 2i + 1) (the pairs deepseek2 uses).
@@ -65,7 +97,7 @@ rmsnorm_rows(const float* x, const float* __restrict__ w, float eps, float* y, i
 // so the heads of a token go in parallel, one memory round trip each. A lane loads its values of the head (<= 256)
 // together with the position, optionally RMS-normalises them, and puts them in the warp's shared row; after the
 // block's one barrier (the cos / sin table) the warp writes the rotated values, reading rotation partners back from
-// the row, so in-place q is safe (qk_rope.cuh). The norm weights and the position-free part of each angle come before
+// the row, so in-place q is safe. The norm weights and the position-free part of each angle (rope_inv) come before
 // the wait (pdl.cuh), beside the kernel before's end. The blocks of token t share out the copy of v to v_cache[p],
 // unchanged. Every block builds the same cos / sin table, so results do not depend on the split. KV: the cache's
 // element (kv_cache.cuh).
@@ -77,8 +109,8 @@ __device__ __forceinline__ void qk_rope_kv_rows(float* q, const float* k, const 
                                                 float corr_lo, float corr_hi, float mscale, const float* freq_factors,
                                                 int rope_neox, const int* pos, KV* __restrict__ k_cache,
                                                 KV* __restrict__ v_cache) {
-    __shared__ float cs[128], sn[128];          // cos / sin of pair i (rope_dim / 2 <= 128)
-    __shared__ float row[8][rope::MAX_HD];      // one head per warp
+    __shared__ float cs[128], sn[128];  // cos / sin of pair i (rope_dim / 2 <= 128)
+    __shared__ float row[8][256];       // one head per warp
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int half = rope_dim >> 1;
     const int hh = blockIdx.x * 8 + warp;
@@ -88,7 +120,7 @@ __device__ __forceinline__ void qk_rope_kv_rows(float* q, const float* k, const 
     // Before the wait (pdl.cuh), what needs no activation: this thread's pair angle without the position, and the
     // lane's norm weights (values j = lane + 32 u of the head, hd <= 256). Through plain pointers: read-only loads
     // would be sunk below the wait.
-    const float inv = threadIdx.x < half ? rope::inv_freq(threadIdx.x, rope_dim, theta, freq_factors) : 0.f;
+    const float inv = threadIdx.x < half ? rope_inv(threadIdx.x, rope_dim, theta, freq_factors) : 0.f;
     float wv[8], xv[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u)
@@ -98,16 +130,39 @@ __device__ __forceinline__ void qk_rope_kv_rows(float* q, const float* k, const 
     const float* src = is_q ? q + ((long long)t * H + head) * hd : k + ((long long)t * KVH + head) * hd;
 #pragma unroll
     for (int u = 0; u < 8; ++u) xv[u] = active && lane + 32 * u < hd ? src[lane + 32 * u] : 0.f;  // with *pos
-    if (threadIdx.x < half) rope::pair(threadIdx.x, inv, p, freq_scale, ext_factor, corr_lo, corr_hi, mscale, cs, sn);
-    if (active) rope::norm_head(xv, wv, nw != nullptr, hd, eps, lane, row[warp]);
+    if (threadIdx.x < half) rope_pair(threadIdx.x, inv, p, freq_scale, ext_factor, corr_lo, corr_hi, mscale, cs, sn);
+
+    float* b = row[warp];
+    if (active) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) ss = fmaf(xv[u], xv[u], ss);  // zeros past hd
+        if (nw) {  // QK-norm over this head's hd values (uniform across the warp)
+            const float r = 1.0f / sqrtf(warp_sum(ss) / float(hd) + eps);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) xv[u] = (xv[u] * r) * wv[u];
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (lane + 32 * u < hd) b[lane + 32 * u] = xv[u];
+    }
     __syncthreads();  // the rows and the cos / sin table
     if (active) {
         float* qh = q + ((long long)t * H + head) * hd;
         KV* kh = k_cache + ((long long)p * KVH + head) * hd;
-        rope::rotate_head(row[warp], hd, rope_dim, rope_neox, cs, sn, lane, [&](int j, float o) {
+        for (int j = lane; j < hd; j += 32) {
+            float o = b[j];
+            if (j < rope_dim) {
+                // NEOX pairs (i, i + half); normal pairs (2i, 2i + 1). `second`: j is the pair's second element.
+                const bool second = rope_neox ? j >= half : (j & 1);
+                const int i = rope_neox ? (second ? j - half : j) : (j >> 1);
+                const int ia = rope_neox ? i : 2 * i, ib = rope_neox ? i + half : 2 * i + 1;
+                const float a = b[ia], c = b[ib];
+                o = second ? c * cs[i] + a * sn[i] : a * cs[i] - c * sn[i];
+            }
             if (is_q) qh[j] = o;  // warp-uniform
             else stkv(kh + j, o);
-        });
+        }
     }
 
     const long long kv = (long long)KVH * vd;  // values per position of v and of v_cache

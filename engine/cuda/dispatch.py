@@ -105,13 +105,6 @@ def mixed_matvec3() -> bool:
     return os.environ.get("REFLEX_MATVEC3_MIXED", "1") != "0"
 
 
-def qkv_rope() -> bool:
-    """Whether one token's q/k/v matvec3 and its qk_rope_kv go as one launch, the preamble in the matvec's epilogue
-    (k_norm_rope.matvec3_rope, kernels/matvec.cu: the last row block of a head norms and rotates it) where
-    k_norm_rope.rope_folds allows (REFLEX_QKV_ROPE=1). Off until measured against the two launches on the H200."""
-    return os.environ.get("REFLEX_QKV_ROPE", "0") == "1"
-
-
 def matvec_i16() -> bool:
     """Whether the 1-token matvec, SwiGLU and q/k/v kernels of k_matvec.I16_TYPES round x to 16 bits a group of 8 and
     dot in integers (kernels/quant_i16.cuh) rather than in float (REFLEX_MATVEC_I16=0, for comparisons). Why:

@@ -119,13 +119,6 @@ def matvec3(
 ) -> Launch:
     """One launch for the matvecs of one token through matrices that read the same x (q/k/v): results equal to
     one `matvec` launch each, bit for bit."""
-    name, blocks, args = matvec3_args(ws, x, ys, norm_w, eps)
-    return Launch(driver.module("matvec").fn(name), (blocks,), (THREADS,), args)
-
-
-def matvec3_args(ws: list[DeviceWeight], x: DeviceArray, ys: list[DeviceArray], norm_w: DeviceArray | None,
-                 eps: float) -> tuple[str, int, list]:  # fmt: skip
-    """matvec3's kernel name, blocks and arguments, checked (k_norm_rope.matvec3_rope extends them)."""
     tags, weights, outs, blocks = matvec3_operands("matvec3", ws, ys, ROWS_PER_BLOCK)
     need(x, "x", "f4", ws[0].cols, aligned=True)
     if norm_w is not None:
@@ -133,8 +126,8 @@ def matvec3_args(ws: list[DeviceWeight], x: DeviceArray, ys: list[DeviceArray], 
     for w, y in zip(ws, ys, strict=True):
         need_aligned_weight(w)
         need(y, "y", "f4", w.rows)
-    name = f"matvec3{'_16' if _i16(1, [w.ggml_type for w in ws]) else ''}_{tags}_n1"
-    return name, blocks, [*weights, i32(ws[0].cols), ptr(x), ptr(norm_w), f32(eps), *outs]
+    fn = driver.module("matvec").fn(f"matvec3{'_16' if _i16(1, [w.ggml_type for w in ws]) else ''}_{tags}_n1")
+    return Launch(fn, (blocks,), (THREADS,), [*weights, i32(ws[0].cols), ptr(x), ptr(norm_w), f32(eps), *outs])
 
 
 def matvec3_operands(kernel: str, ws: list[DeviceWeight], ys: list[DeviceArray],

@@ -8,15 +8,13 @@ import math
 from dataclasses import dataclass
 
 from engine.config import RopeScaling
-from engine.cuda import dispatch, driver
-from engine.cuda import k_matvec as km
+from engine.cuda import driver
 from engine.cuda.driver import Launch, f32, i32, ptr
 from engine.cuda.k_attention import MAX_HEAD_DIM, _cache, _heads, kv_kernel, need_cache
-from engine.cuda.memory import DeviceArray, DeviceWeight, need
+from engine.cuda.memory import DeviceArray, need
 from engine.errors import CudaError
 
-__all__ = ["MAX_HEAD_DIM", "Yarn", "matvec3_rope", "mla_kv_rope", "qk_rope_kv", "rmsnorm_rows", "rope_folds",
-           "rope_scaling"]  # fmt: skip
+__all__ = ["MAX_HEAD_DIM", "Yarn", "mla_kv_rope", "qk_rope_kv", "rmsnorm_rows", "rope_scaling"]
 
 
 @dataclass(frozen=True)
@@ -84,86 +82,23 @@ def qk_rope_kv(
     *,
     yarn: Yarn = NO_YARN,  # YaRN ramp and cos/sin magnitude (rope_scaling)
 ) -> Launch:  # fmt: skip
+    _heads(H, KVH, hd, vd)
+    if not (0 < rope_dim <= hd and rope_dim % 2 == 0):
+        raise CudaError(f"qk_rope_kv: rope_dim {rope_dim} must be even and within head_dim {hd}")
     need(q, "q", "f4", n * H * hd)
     need(k, "k", "f4", n * KVH * hd)
     need(v, "v", "f4", n * KVH * vd)
-    rope = _preamble("qk_rope_kv", n, H, KVH, hd, vd, q_norm, k_norm, eps, rope_dim, theta, freq_scale, freq_factors,
-                     rope_neox, pos, k_cache, v_cache, yarn)  # fmt: skip
-    fn = driver.module("norm_rope").fn(kv_kernel("qk_rope_kv", k_cache))
-    args = [ptr(q), ptr(k), ptr(v), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), *rope]
-    return Launch(fn, ((H + KVH + 7) // 8, n), (256,), args)  # 8 heads a block
-
-
-def _preamble(kernel: str, n: int, H: int, KVH: int, hd: int, vd: int, q_norm: DeviceArray | None,
-              k_norm: DeviceArray | None, eps: float, rope_dim: int, theta: float, freq_scale: float,
-              freq_factors: DeviceArray | None, rope_neox: bool, pos: DeviceArray, k_cache: DeviceArray,
-              v_cache: DeviceArray, yarn: Yarn) -> list:  # fmt: skip
-    """qk_rope_kv's arguments from q_norm to v_cache (matvec3_rope's too), checked for n tokens."""
-    _heads(H, KVH, hd, vd)
-    if not (0 < rope_dim <= hd and rope_dim % 2 == 0):
-        raise CudaError(f"{kernel}: rope_dim {rope_dim} must be even and within head_dim {hd}")
     optional = ((q_norm, "q_norm", hd), (k_norm, "k_norm", hd), (freq_factors, "freq_factors", rope_dim // 2))
     for a, name, size in optional:
         if a is not None:
             need(a, name, "f4", size)
     need(pos, "pos", "i4", 1)
     _cache(k_cache, v_cache, n, KVH, hd, vd)
-    return [ptr(q_norm), ptr(k_norm), f32(eps), i32(rope_dim), f32(theta), f32(freq_scale), *_yarn_args(yarn),
-            ptr(freq_factors), i32(1 if rope_neox else 0), ptr(pos), ptr(k_cache), ptr(v_cache)]  # fmt: skip
-
-
-ROPE_ROWS = km.ROWS_PER_BLOCK  # matvec3's rows a block: a head of hd values is hd / ROPE_ROWS blocks
-
-
-def rope_folds(ws: list[DeviceWeight], hd: int) -> bool:
-    """Whether one token's q, k, v (ws, in this order) and qk_rope_kv can be one matvec3_rope launch: matvec3's
-    16-bit form takes the three in this order (k_matvec.matvec3_order, I16_TYPES, dispatch.matvec_i16, and for two
-    types dispatch.mixed_matvec3) and a head is whole row blocks of at most MAX_HEAD_DIM values."""
-    types = [w.ggml_type for w in ws]
-    return (
-        len(ws) == 3
-        and km.matvec3_order(types) == [0, 1, 2]
-        and all(t in km.I16_TYPES for t in types)
-        and dispatch.matvec_i16()
-        and (len(set(types)) == 1 or dispatch.mixed_matvec3())
-        and len({w.cols for w in ws}) == 1
-        and 0 < hd <= MAX_HEAD_DIM
-        and hd % ROPE_ROWS == 0
-    )
-
-
-def matvec3_rope(
-    ws: list[DeviceWeight],  # attn_q (H*hd, K), attn_k (KVH*hd, K), attn_v (KVH*vd, K): rope_folds(ws, hd)
-    x: DeviceArray,  # (1, K) f4: one token
-    norm_w: DeviceArray | None,  # (K,) f4: the attention RMSNorm of x
-    norm_eps: float,
-    q: DeviceArray,  # (1, H*hd) f32: QK-normed and rotated
-    k: DeviceArray,  # (1, KVH*hd) f32: scratch (k reaches only the cache)
-    v: DeviceArray,  # (1, KVH*vd) f32
-    H: int, KVH: int, hd: int, vd: int,
-    q_norm: DeviceArray | None, k_norm: DeviceArray | None, eps: float,
-    rope_dim: int, theta: float, freq_scale: float, freq_factors: DeviceArray | None, rope_neox: bool,
-    pos: DeviceArray,  # (1,) i32
-    k_cache: DeviceArray, v_cache: DeviceArray,  # this layer's, as qk_rope_kv takes them
-    tickets: DeviceArray,  # (H + KVH,) i32, zeroed once (split_counters); every launch leaves them zero
-    *,
-    yarn: Yarn = NO_YARN,
-) -> Launch:  # fmt: skip
-    """matvec3 (k_matvec.matvec3, 16-bit form) of one token's q, k, v and qk_rope_kv of its result in one launch,
-    the results bit for bit those of the two launches (kernels/matvec.cu, matvec3_rope16)."""
-    if not rope_folds(ws, hd):
-        got = ", ".join(f"{w.name} {w.tag} x{w.cols}" for w in ws)
-        raise CudaError(f"matvec3_rope takes q, k, v of the 16-bit matvec3 and whole row blocks a head, got {got}, "
-                        f"head_dim {hd}")  # fmt: skip
-    if ws[0].rows != H * hd or ws[1].rows != KVH * hd or ws[2].rows != KVH * vd:
-        raise CudaError(f"matvec3_rope: q/k/v rows {[w.rows for w in ws]} are not {H}, {KVH}, {KVH} heads of "
-                        f"{hd}/{hd}/{vd}")  # fmt: skip
-    name, blocks, args = km.matvec3_args(ws, x, [q, k, v], norm_w, norm_eps)
-    rope = _preamble("matvec3_rope", 1, H, KVH, hd, vd, q_norm, k_norm, eps, rope_dim, theta, freq_scale,
-                     freq_factors, rope_neox, pos, k_cache, v_cache, yarn)  # fmt: skip
-    need(tickets, "tickets", "i4", H + KVH)
-    fn = driver.module("matvec").fn(kv_kernel(name.replace("matvec3_16_", "matvec3_rope16_"), k_cache))
-    return Launch(fn, (blocks,), (km.THREADS,), [*args, i32(hd), *rope, ptr(tickets)])
+    fn = driver.module("norm_rope").fn(kv_kernel("qk_rope_kv", k_cache))
+    args = [ptr(q), ptr(k), ptr(v), i32(n), i32(H), i32(KVH), i32(hd), i32(vd), ptr(q_norm), ptr(k_norm), f32(eps),
+            i32(rope_dim), f32(theta), f32(freq_scale), *_yarn_args(yarn), ptr(freq_factors),
+            i32(1 if rope_neox else 0), ptr(pos), ptr(k_cache), ptr(v_cache)]  # fmt: skip
+    return Launch(fn, ((H + KVH + 7) // 8, n), (256,), args)  # 8 heads a block
 
 
 def mla_kv_rope(

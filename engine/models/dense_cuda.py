@@ -18,13 +18,13 @@ import math
 
 from engine import cache_type
 from engine.config import ModelConfig
-from engine.cuda import dispatch, prefill, small_batch, vmm
 from engine.cuda import k_attention as ka
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
+from engine.cuda import prefill, small_batch, vmm
 from engine.cuda.dispatch import SMALL_BATCH, mixed_matvec3, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -87,7 +87,6 @@ class CudaModel:
         self.hb2 = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32, only when gate/up types differ
         # (H, splits, vd) f32, (H, splits, 2) f32, (16*H,) i32: attn_decode's partials and tickets
         self.part_o, self.part_ml, self.tickets = ka.decode_buffers(c.n_heads, c.n_kv_heads, c.value_dim)
-        self.rope_tickets = ka.split_counters(c.n_heads + c.n_kv_heads)  # (H + KVH,) i32: matvec3_rope's, zeroed
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # (layers, max_seq, KVH, hd) f32 or f16, rows mapped by need
@@ -111,20 +110,15 @@ class CudaModel:
         """Launches that embed ids[:n] at positions pos0.. and run every layer; the result is x[:n] (unnormed)."""
         c = self.cfg
         out = [ke.embed(self.token_embd, self.ids, n, self.x)]
-        freq_scale, yarn = knr.rope_scaling(c.rope_dim, c.rope_theta, c.rope_scaling)  # linear, YaRN, magnitude
         for i, L in enumerate(self.layers):
+            out += self._qkv(L, n)
             kc = self.k_cache.view(i * self.max_seq * c.n_kv_heads * c.head_dim, self.k_cache.shape[1:])
             vc = self.v_cache.view(i * self.max_seq * c.n_kv_heads * c.value_dim, self.v_cache.shape[1:])
-            rope = (L.get("attn_q_norm"), L.get("attn_k_norm"), c.norm_eps, c.rope_dim, c.rope_theta, freq_scale,
-                    self.rope_freqs, c.rope_type == "neox", self.pos, kc, vc)  # fmt: skip
-            heads = (c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim)
-            if self._folds_rope(L, n):  # q/k/v and the preamble in one launch
-                out.append(knr.matvec3_rope([L["attn_q"], L["attn_k"], L["attn_v"]], self.x, L["attn_norm"],
-                                            c.norm_eps, self.q, self.k, self.v, *heads, *rope, self.rope_tickets,
-                                            yarn=yarn))  # fmt: skip
-            else:
-                out += self._qkv(L, n)
-                out.append(knr.qk_rope_kv(self.q, self.k, self.v, n, *heads, *rope, yarn=yarn))
+            freq_scale, yarn = knr.rope_scaling(c.rope_dim, c.rope_theta, c.rope_scaling)  # linear, YaRN, magnitude
+            out.append(knr.qk_rope_kv(self.q, self.k, self.v, n, c.n_heads, c.n_kv_heads, c.head_dim, c.value_dim,
+                                     L.get("attn_q_norm"), L.get("attn_k_norm"), c.norm_eps, c.rope_dim,
+                                     c.rope_theta, freq_scale, self.rope_freqs, c.rope_type == "neox",
+                                     self.pos, kc, vc, yarn=yarn))  # fmt: skip
             scale = 1.0 / math.sqrt(c.head_dim)
             out += ka.attention_launches(self.q, kc, vc, self.pos, n, c.n_heads, c.n_kv_heads, c.head_dim,
                                          c.value_dim, scale, self.part_o, self.part_ml, self.tickets,
@@ -177,13 +171,6 @@ class CudaModel:
             ws, ys = zip(*group, strict=True)
             out.append(small_batch.matmul3(list(ws), x, n, list(ys), norm_w=norm_w, eps=self.cfg.norm_eps))
         return out
-
-    def _folds_rope(self, L: dict, n: int) -> bool:
-        """Whether one token's q/k/v and qk_rope_kv go as one matvec3_rope launch (dispatch.qkv_rope): no LoRA on
-        them, types and head size knr.rope_folds takes."""
-        ws = [L["attn_q"], L["attn_k"], L["attn_v"]]
-        return (n == 1 and dispatch.qkv_rope() and not any(self.lora.of(w.name) for w in ws)
-                and knr.rope_folds(ws, self.cfg.head_dim))  # fmt: skip
 
     def _qkv(self, L: dict, n: int) -> list[Launch]:
         if use_matvec(n):  # the attention norm rides along in each matvec
