@@ -277,7 +277,12 @@ def decode_attention(H: int, KVH: int) -> tuple[bool, int, int]:
     qk_rope_kv stays a launch of its own before it: folded into attn_decode (every block roping its q heads, the
     block of the new key writing its cache row) it was no faster on an H200 (2026-12-01, 64-key context, step of the
     Qwen3-0.6B shape 1.0950 vs 1.0961 ms, Qwen3.5-0.8B 1.1064 vs 1.0944, 30B-A3B 4 layers 0.4289 vs 0.4236): the
-    prologue's latency sat on every block's critical path, where the separate launch overlaps its neighbours."""
+    prologue's latency sat on every block's critical path, where the separate launch overlaps its neighbours. Nor
+    into the q/k/v matvec3's epilogue (each row block of a head fencing and taking a ticket, the last one reading the
+    head back from L2, norming and rotating it; bit-equal to the two launches): on an H100 (2026-12-05, 0.6B shape,
+    after 16 tokens, two rounds) the step went 0.7294 / 0.7308 -> 0.7247 / 0.7253 ms but engine bench decode 1225.7 /
+    1225.4 -> 1218.9 / 1220.7 tok/s, for 10 more kernels (+14 % of the matvec module). qk_rope_kv's own cost in that
+    step, by ablation, is 3.1 us a launch; the fold's tail (fence, ticket, the head from L2) took nearly all of it."""
     G = H // KVH
     parts = shared_parts(G) if os.environ.get("REFLEX_ATTN_PARTS") == "shared" else 1
     return (True, 128, parts) if G // parts < 8 else (False, 1, parts)
