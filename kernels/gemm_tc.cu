@@ -113,14 +113,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 // tiles), which the warps read as gemm_dense reads the slab: the dequantizing happens once a block and beside the
 // multiply, and nothing goes through global memory in between. A takes a ring of PIPE_STAGES stages (the raw slices
 // take the shared memory a fourth would).
-// Shared memory (floats): sA[PIPE_STAGES][TM][LD], sW[2][BN][LD], then the raw slices, raw[2][BN][RAW_PITCH<T>] bytes.
+// Shared memory (floats): sA[PIPE_STAGES][BM][LD], sW[2][BN][LD], then the raw slices, raw[2][BN][RAW_PITCH<T>] bytes.
 // The rows of tile x: one matrix, rows 64 x + j of W0; a pair, 32 x + j of W0 (j < 32) and of W1 (j >= 32), which
 // write_out turns into the outputs 32 x + j, as gemm_dense's interleaved slab.
-// TM = 128 tokens a tile (gemm_pipe_{t}: 4 warps, gemm_dense's tile) or 256 (gemm_pipe256_{t}: 8 warps, each weight
-// tile dequantized once for twice the tokens). Nsight Compute on an H200 (2026-12-05, 512 tokens) had the 128-token
-// form issue 10 instructions for each mma, most of them the dequantizing that every 128-token block of a matrix
-// repeats, at ~0.34 instructions a cycle a scheduler (1.7 warps a scheduler). Either form gives each output element
-// the same k order and roundings: gemm_dense's bits unsplit.
 namespace {
 
 constexpr int RAW_K = 256, PIPE_STAGES = 3;
@@ -131,9 +126,9 @@ constexpr int RAW_PIECES = 4;       // a slice's copies go out in this many piec
 __host__ __device__ constexpr int odd_granules(int p) { return (p / 16) % 2 ? p : p + 16; }
 template <int T>
 constexpr int RAW_PITCH = odd_granules(stage::pitch(RAW_K / q::Quant<T>::QK * q::Quant<T>::BYTES));
-static_assert(PIPE_STAGES * LD >= CLD, "the output tile is staged over the A ring");
+static_assert(PIPE_STAGES * BM * LD >= BM * CLD, "the output tile is staged over the A ring");
 
-template <int T, int TM>
+template <int T>
 struct Pipe {
     const uint8_t *W0, *W1;
     long long row_bytes;
@@ -155,7 +150,7 @@ struct Pipe {
     __device__ __forceinline__ void load(int s, int piece) const {
         constexpr int NG = RAW_PITCH<T> / 16, ROWS = BN / RAW_PIECES;  // granules a row at most; rows a piece
         uint8_t* dst = raw + (s & 1) * BN * RAW_PITCH<T>;
-        for (int i = threadIdx.x; i < ROWS * NG; i += TM) {
+        for (int i = threadIdx.x; i < ROWS * NG; i += THREADS) {
             const int j = piece * ROWS + i / NG;
             int bytes;
             const uint8_t* from = src(j, s, bytes);
@@ -163,24 +158,22 @@ struct Pipe {
         }
     }
 
-    // Stage kc's 64 x 32 values from its raw slice into sW[BN][LD], tf32-rounded: a thread takes GPT neighbouring
-    // 8-value groups of one row (128 threads: two, tile row tid / 2, values 16 (tid % 2) .. + 15 of the stage; 256:
-    // one), all decoded before any store, so that what two share (a K-quant's sub-block scale and minimum: 32 values)
-    // is read and decoded once. The stores: a quarter-warp's rows x groups fall on 8 distinct 4-bank groups (row pitch
-    // 36 floats).
+    // Stage kc's 64 x 32 values from its raw slice into sW[BN][LD], tf32-rounded: a thread takes two neighbouring
+    // 8-value groups of one row (tile row tid / 2, values 16 (tid % 2) .. + 15 of the stage), both decoded before any
+    // store, so that what they share (a K-quant's sub-block scale and minimum: 32 values) is read and decoded once.
+    // The stores: a quarter-warp's 4 rows x 2 halves fall on 8 distinct 4-bank groups (row pitch 36 floats).
     __device__ __forceinline__ void dequant(int kc, float* sW) const {
-        constexpr int GPT = BN * BK / 8 / TM, SPAN = BK / 8 / GPT;  // groups a thread; threads a row
-        static_assert(GPT * TM * 8 == BN * BK, "whole groups a thread");
-        const int s = kc / CHUNKS, j = threadIdx.x / SPAN, first = threadIdx.x % SPAN * GPT;
+        const int s = kc / CHUNKS, j = threadIdx.x >> 1, half = threadIdx.x & 1;
+        static_assert(BN * BK == THREADS * 16, "two groups a thread");
         int bytes;
         const uint8_t* row = stage::landed(raw + (s & 1) * BN * RAW_PITCH<T> + j * RAW_PITCH<T>, src(j, s, bytes));
-        const int g0 = (kc % CHUNKS) * (BK / 8) + first;
-        float v[GPT][8];
+        const int g0 = (kc % CHUNKS) * (BK / 8) + 2 * half;
+        float v[2][8];
+        q::Quant<T>::load8(row, g0, v[0]);
+        q::Quant<T>::load8(row, g0 + 1, v[1]);
+        float4* d = reinterpret_cast<float4*>(sW + j * LD + 16 * half);
 #pragma unroll
-        for (int h = 0; h < GPT; ++h) q::Quant<T>::load8(row, g0 + h, v[h]);
-        float4* d = reinterpret_cast<float4*>(sW + j * LD + 8 * first);
-#pragma unroll
-        for (int h = 0; h < GPT; ++h) {
+        for (int h = 0; h < 2; ++h) {
             d[2 * h] = make_float4(tf32_round(v[h][0]), tf32_round(v[h][1]), tf32_round(v[h][2]), tf32_round(v[h][3]));
             d[2 * h + 1] = make_float4(tf32_round(v[h][4]), tf32_round(v[h][5]), tf32_round(v[h][6]),
                                        tf32_round(v[h][7]));
@@ -188,9 +181,9 @@ struct Pipe {
     }
 };
 
-template <int T, int TM>
+template <int T>
 constexpr int pipe_smem_bytes() {  // k_gemm_tc.pipe_smem
-    return 4 * (PIPE_STAGES * TM * LD + 2 * BN * LD) + 2 * BN * RAW_PITCH<T>;
+    return 4 * (PIPE_STAGES * BM * LD + 2 * BN * LD) + 2 * BN * RAW_PITCH<T>;
 }
 
 // The loop, group by group (cp.async groups are per thread and complete in order): group 0 = A's stage 0 and raw
@@ -201,7 +194,7 @@ constexpr int pipe_smem_bytes() {  // k_gemm_tc.pipe_smem
 // stage kt. Slice s is first read in iteration 8 s - 1, after groups up to 8 s - 1 have landed; its last piece went
 // out in group 8 s - 6 + RAW_PIECES - 1. In pieces, a slice's copies do not all ride in the group of one A stage
 // (in order, that stage would wait for the whole slice).
-template <int T, int TM>
+template <int T>
 __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
                                           const float* A, int n, const float* resid, float* C, int pair, float* part,
                                           int* tickets) {
@@ -209,17 +202,17 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
     extern __shared__ __align__(128) float smem[];
     __shared__ int last;
     pdl::begin();
-    const int t0 = blockIdx.y * TM, S = gridDim.z, span = K / S, kbeg = span * int(blockIdx.z), nk = span / BK;
-    float* sW = smem + PIPE_STAGES * TM * LD;
-    const Pipe<T, TM> w{W0, W1, row_bytes, R, int(blockIdx.x) * (pair ? BN / 2 : BN), kbeg, span, pair != 0,
+    const int t0 = blockIdx.y * BM, S = gridDim.z, span = K / S, kbeg = span * int(blockIdx.z), nk = span / BK;
+    float* sW = smem + PIPE_STAGES * BM * LD;
+    const Pipe<T> w{W0, W1, row_bytes, R, int(blockIdx.x) * (pair ? BN / 2 : BN), kbeg, span, pair != 0,
                     reinterpret_cast<uint8_t*>(sW + 2 * BN * LD)};
     Acc acc;
     acc.zero();
-    load_a<TM>(smem, A, K, t0, n, kbeg);
+    load_a(smem, A, K, t0, n, kbeg);
 #pragma unroll
     for (int piece = 0; piece < RAW_PIECES; ++piece) w.load(0, piece);
     stage::commit();
-    if (nk > 1) load_a<TM>(smem + TM * LD, A, K, t0, n, kbeg + BK);
+    if (nk > 1) load_a(smem + BM * LD, A, K, t0, n, kbeg + BK);
     stage::commit();
     stage::wait_pending<1>();  // group 0: raw slice 0
     __syncthreads();
@@ -227,33 +220,35 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
     for (int kt = 0; kt < nk; ++kt) {
         stage::wait_pending<1>();  // group kt: A's stage kt
         __syncthreads();           // everyone's copies, and sW[kt % 2]; every warp is done with iteration kt - 1
-        if (kt + 2 < nk) load_a<TM>(smem + (kt + 2) % PIPE_STAGES * TM * LD, A, K, t0, n, kbeg + (kt + 2) * BK);
+        if (kt + 2 < nk) load_a(smem + (kt + 2) % PIPE_STAGES * BM * LD, A, K, t0, n, kbeg + (kt + 2) * BK);
         if (kt % CHUNKS < RAW_PIECES && RAW_K * (kt / CHUNKS + 1) < span) w.load(kt / CHUNKS + 1, kt % CHUNKS);
         stage::commit();
         if (kt + 1 < nk) w.dequant(kt + 1, sW + (kt + 1) % 2 * BN * LD);
-        acc.mma_stage(smem + kt % PIPE_STAGES * TM * LD, sW + kt % 2 * BN * LD);
+        acc.mma_stage(smem + kt % PIPE_STAGES * BM * LD, sW + kt % 2 * BN * LD);
     }
     stage::wait_pending<0>();
     __syncthreads();  // every read of the A ring is done: sC goes over it
-    finish<TM>(acc, smem, &last, t0, n, int(blockIdx.x) * BN, R, pair, resid, Out{C, C, C, R, R, R}, 0, part,
-               tickets);
+    finish(acc, smem, &last, t0, n, int(blockIdx.x) * BN, R, pair, resid, Out{C, C, C, R, R, R}, 0, part, tickets);
 #endif
 }
 
 }  // namespace
 
 // C[n, R] = A . W0^T (+ resid), or with pair: silu(A . W0^T) * (A . W1^T) (W1 of W0's type and shape), W0 / W1 GGUF
-// rows of type t. gemm_pipe_{t}: grid (ceil(R / 64) or, a pair, ceil(R / 32), ceil(n / 128), S), block 128, dynamic
-// shared memory pipe_smem_bytes<T, 128>() (k_gemm_tc.pipe_smem); gemm_pipe256_{t}: ceil(n / 256) and block 256,
-// pipe_smem_bytes<T, 256>(). S > 1 splits K into spans of whole RAW_K slices (whole blocks) and of BK stages, summed
-// as gemm_dense's.
-#define PIPE_KERNEL(name, T, TM, MIN_BLOCKS)                                                                       \
-    extern "C" __global__ void __launch_bounds__(TM, MIN_BLOCKS)                                                  \
-        name(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1, long long row_bytes, int R, int K,    \
-             const float* __restrict__ A, int n, const float* resid, float* C, int pair, float* part, int* tickets) { \
-        pipe_tile<T, TM>(W0, W1, row_bytes, R, K, A, n, resid, C, pair, part, tickets);                          \
+// rows of type t. grid (ceil(R / 64) or, a pair, ceil(R / 32), ceil(n / 128), S), block 128, dynamic shared memory
+// pipe_smem_bytes<T>() (k_gemm_tc.pipe_smem). S > 1 splits K into spans of whole RAW_K slices (whole blocks) and of
+// BK stages, summed as gemm_dense's.
+// A 256-token tile (8 warps a block, each weight tile dequantized once for twice the tokens, 136-164 KiB of shared
+// memory: one block an SM) measured slower on an H100 (2026-12-05, Qwen3-0.6B shape, two rounds, bit-equal to
+// gemm_dense unsplit): the prefill step at 512 tokens 9.90 / 9.83 -> 11.02 / 11.01 ms (gemm_pipe_q4_k 6.15 -> 7.22 ms
+// of it), pp512 52.4k / 53.5k -> 48.3k / 48.4k tok/s. Half the blocks, one an SM, hid less latency than the halved
+// dequantizing saved. Not kept.
+#define PIPE_KERNEL(tag, T)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                      \
+        gemm_pipe_##tag(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1, long long row_bytes, int R, \
+                        int K, const float* __restrict__ A, int n, const float* resid, float* C, int pair,         \
+                        float* part, int* tickets) {                                                             \
+        pipe_tile<T>(W0, W1, row_bytes, R, K, A, n, resid, C, pair, part, tickets);                              \
     }
-#define PIPE_KERNELS(tag, T) PIPE_KERNEL(gemm_pipe_##tag, T, 128, 2) PIPE_KERNEL(gemm_pipe256_##tag, T, 256, 1)
-Q_FOR_EACH_QUANTIZED_TYPE(PIPE_KERNELS)
-#undef PIPE_KERNELS
+Q_FOR_EACH_QUANTIZED_TYPE(PIPE_KERNEL)
 #undef PIPE_KERNEL

@@ -27,9 +27,6 @@ __device__ __forceinline__ float tf32_round(float v) { return __uint_as_float(tf
 // ldmatrix.x4 on 32-bit values: an 8 x 8 b16 matrix is 8 rows of 4 floats, and lane l gets the float at (l / 4, l % 4),
 // which is the tf32 fragment element (g, q). A's four matrices are rows +0 / +8 at k +0 / +4 (a0..a3), W's two n-tiles
 // at k +0 / +4 (b0, b1 of each). Tokens past n read token n - 1 and rows past Rs row Rs - 1: never written.
-// gemm_pipe's 256-token form (TM = 256) stacks four such warp rows: 8 warps, warp (warp / 2, warp % 2) as above, so
-// each weight tile it dequantizes serves twice the tokens. The functions below that take TM (tokens a tile = threads a
-// block) serve both; gemm_dense is the 128-token tile.
 constexpr int BM = 128, BN = 64, BK = 32, LD = BK + 4, THREADS = 128;
 constexpr int NSTAGE = 4;  // engine/cuda/k_gemm_tc.py's SMEM follows (tests/test_layout.py holds them together)
 constexpr int STAGE_FLOATS = (BM + BN) * LD;
@@ -50,12 +47,11 @@ __device__ __forceinline__ void ldmatrix4(uint32_t (&r)[4], unsigned addr) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 
-// A's copies for the stage at k: its TM x 32 values (8 granules of 16 bytes a thread) into sA[TM][LD].
-template <int TM = BM>
+// A's copies for the stage at k: its 128 x 32 values (8 granules of 16 bytes a thread) into sA[BM][LD].
 __device__ __forceinline__ void load_a(float* sA, const float* A, int K, int t0, int n, int k) {
 #pragma unroll
-    for (int p = 0; p < BK / 4; ++p) {
-        const int i = threadIdx.x + TM * p, row = i >> 3, c = i & 7;
+    for (int p = 0; p < BM * BK / 4 / THREADS; ++p) {
+        const int i = threadIdx.x + THREADS * p, row = i >> 3, c = i & 7;
         const long long t = min(t0 + row, n - 1);
         stage::copy16(reinterpret_cast<uint8_t*>(sA + row * LD + 4 * c),
                       reinterpret_cast<const uint8_t*>(A + t * K + k + 4 * c));
@@ -165,15 +161,14 @@ struct Out {
     }
 };
 
-// The staged tile sC[TM][CLD] to the output: one matrix, column c0 + r0 + j (+ resid, laid out as segment 0) for
-// j < 64 within `cols`; a pair, column c0 + r0 / 2 + j = silu(sC[.][j]) * sC[.][32 + j] for j < 32 within `cols`.
-template <int TM = BM>
+// The staged tile sC to the output: one matrix, column c0 + r0 + j (+ resid, laid out as segment 0) for j < 64 within
+// `cols`; a pair, column c0 + r0 / 2 + j = silu(sC[.][j]) * sC[.][32 + j] for j < 32 within `cols`.
 __device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0, int cols, int pair,
                                           const float* resid, const Out& out, int c0) {
     const int per = pair ? BN / 2 : BN, o0 = pair ? r0 >> 1 : r0;  // outputs a tile row, the tile's first
 #pragma unroll 4
-    for (int p = 0; p < (BN / 2) / 4 * (pair ? 1 : 2); ++p) {  // TM threads, TM rows of per / 4 float4s
-        const int i = threadIdx.x + TM * p, tok = i / (per / 4), c4 = 4 * (i % (per / 4));
+    for (int p = 0; p < BM * (BN / 2) / 4 / THREADS * (pair ? 1 : 2); ++p) {
+        const int i = threadIdx.x + THREADS * p, tok = i / (per / 4), c4 = 4 * (i % (per / 4));
         const int t = t0 + tok, r = o0 + c4;
         if (t >= n || r >= cols) continue;
         const float4 g = *reinterpret_cast<const float4*>(sC + tok * CLD + c4);
@@ -200,7 +195,6 @@ __device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0
 
 // After the K loop (every stage buffer free): the tile to the output, or, split, to its partial slot, and the
 // tile's last block (its ticket, `last` in shared memory) sums the partials in z order and writes the output.
-template <int TM = BM>
 __device__ __forceinline__ void finish(const Acc& acc, float* smem, int* last, int t0, int n, int r0, int cols,
                                        int pair, const float* resid, const Out& out, int c0, float* part,
                                        int* tickets) {
@@ -208,12 +202,12 @@ __device__ __forceinline__ void finish(const Acc& acc, float* smem, int* last, i
     __syncthreads();
     const int S = gridDim.z;
     if (S == 1) {
-        write_out<TM>(smem, t0, n, r0, cols, pair, resid, out, c0);
+        write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
         return;
     }
     const int tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
-    float* mine = part + ((long long)blockIdx.z * tiles + tile) * (TM * BN);
-    for (int i = threadIdx.x; i < TM * BN / 4; i += TM) {
+    float* mine = part + ((long long)blockIdx.z * tiles + tile) * (BM * BN);
+    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
         const int tok = i >> 4, c4 = 4 * (i & 15);
         *reinterpret_cast<float4*>(mine + tok * BN + c4) = *reinterpret_cast<const float4*>(smem + tok * CLD + c4);
     }
@@ -223,18 +217,18 @@ __device__ __forceinline__ void finish(const Acc& acc, float* smem, int* last, i
     __syncthreads();
     if (!*last) return;
     __threadfence();
-    for (int i = threadIdx.x; i < TM * BN / 4; i += TM) {
+    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
         const int tok = i >> 4, c4 = 4 * (i & 15);
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int z = 0; z < S; ++z) {  // z order: the sum does not depend on which block came last
-            const float4 a = __ldcg(reinterpret_cast<const float4*>(part + ((long long)z * tiles + tile) * (TM * BN)
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(part + ((long long)z * tiles + tile) * (BM * BN)
                                                                      + tok * BN + c4));
             v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
         }
         *reinterpret_cast<float4*>(smem + tok * CLD + c4) = v;
     }
     __syncthreads();
-    write_out<TM>(smem, t0, n, r0, cols, pair, resid, out, c0);
+    write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
     if (threadIdx.x == 0) tickets[tile] = 0;  // for the next launch
 }
 

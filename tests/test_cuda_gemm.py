@@ -326,27 +326,23 @@ def test_gemm_dense3(case, split: bool, seed: int) -> None:
                 assert_rows_close(got, alone.result(where), AGAINST_GEMM, where + " against gemm")
 
 
-@pytest.mark.parametrize("tokens", k_gemm_tc.PIPE_TOKENS, ids=lambda t: f"tile{t}")
 @pytest.mark.parametrize("split", [False, True], ids=["whole_k", "split_k"])
 @pytest.mark.parametrize("shape", DENSE_SHAPES, ids=lambda s: "n{}_R{}_K{}".format(*s))
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
-def test_gemm_pipe(ggml_type: GGMLType, shape: tuple[int, int, int], split: bool, tokens: int, seed: int) -> None:
-    """gemm_pipe_{t} and gemm_pipe256_{t} (the GGUF rows staged raw, dequantized beside the multiply): gemm's bounds,
-    gemm_dense's bits and gemm's result (AGAINST_GEMM) unsplit, the residual forms, the same bits twice, and the
-    SwiGLU pair."""
+def test_gemm_pipe(ggml_type: GGMLType, shape: tuple[int, int, int], split: bool, seed: int) -> None:
+    """gemm_pipe_{t} (the GGUF rows staged raw, dequantized beside the multiply): gemm's bounds, gemm_dense's bits and
+    gemm's result (AGAINST_GEMM) unsplit, the residual forms, the same bits twice, and the SwiGLU pair."""
     needs_dense()
-    if not k_gemm_tc.fits(tokens=tokens):
-        pytest.skip(f"a {tokens}-token tile needs {k_gemm_tc.MAX_SMEM_256} bytes of shared memory a block")
     n, rows, cols = shape
     needs_blocks(ggml_type, cols)
     k_gemm.reserve()
     wg, wu, a, resid = operands(np.random.default_rng(seed), ggml_type, n, rows, cols)
     d_a = DeviceArray.from_host(a)
-    context = f"gemm_pipe{tokens} {ggml_type.name} n={n} R={rows} K={cols} split={split} seed={seed}"
+    context = f"gemm_pipe {ggml_type.name} n={n} R={rows} K={cols} split={split} seed={seed}"
     a64 = a.astype(np.float64)
     g, u = a64 @ wg.dense.T, a64 @ wu.dense.T
     out = Output(n, rows)
-    run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, split=split, tokens=tokens))
+    run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, split=split))
     got = out.result(context)
     assert_rows_close(got, g, tolerance(ggml_type), context)
     if not split:  # gemm_dense's instructions, operands and k order: its bits; gemm's roundings: its result, closely
@@ -361,14 +357,14 @@ def test_gemm_pipe(ggml_type: GGMLType, shape: tuple[int, int, int], split: bool
     results = []
     for _ in range(2):  # in place, twice
         out = Output(n, rows, initial=resid)
-        run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, resid=out.c, split=split, tokens=tokens))
+        run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, resid=out.c, split=split))
         results.append(out.result(context + " in place"))
     bound = (tolerance(ggml_type)[0] + 1e-6, tolerance(ggml_type)[1] + 1e-6)
     assert_rows_close(results[0] - resid, g, bound, context + " +resid")
     assert (results[0] == results[1]).all(), f"{context}: two launches differ"
     out = Output(n, rows)
-    run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, up=wu.dev, split=split, tokens=tokens))
-    context += " swiglu"
+    run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, up=wu.dev, split=split))
+    context = context.replace("gemm_pipe", "gemm_pipe swiglu")
     assert_rows_close(out.result(context), g / (1 + np.exp(-g)) * u, tolerance(ggml_type, swiglu=True), context)
 
 
@@ -382,11 +378,8 @@ def test_gemm_tc_keeps_a_nan(seed: int) -> None:
     a = activations(rng, 130, 256)
     a[3, 5] = np.uint32(0x7FFFFFFF).view(np.float32)
     d_a, c = DeviceArray.from_host(a), DeviceArray.empty((130, 64))
-    forms = [("dense", k_gemm_tc.gemm_dense(w.dev, d_a, 130, c, slab=poisoned_slab(64 * 256))),
-             ("pipe", [k_gemm_tc.gemm_pipe(w.dev, d_a, 130, c)])]  # fmt: skip
-    if k_gemm_tc.fits(tokens=256):
-        forms.append(("pipe256", [k_gemm_tc.gemm_pipe(w.dev, d_a, 130, c, tokens=256)]))
-    for kind, launches in forms:
+    for kind, launches in (("dense", k_gemm_tc.gemm_dense(w.dev, d_a, 130, c, slab=poisoned_slab(64 * 256))),
+                           ("pipe", [k_gemm_tc.gemm_pipe(w.dev, d_a, 130, c)])):  # fmt: skip
         c.fill_byte(0)
         for launch in launches:
             launch()
@@ -449,11 +442,6 @@ def test_prefill_picks_the_gemm_by_the_rule(monkeypatch, seed: int) -> None:
                                                               ["gemm.gemm_swiglu_q8_0"])  # fmt: skip
     assert names(prefill.matmuls([w.dev, f.dev], a, 100, [c] * 2)) == (
         ["gemm_tc.gemm_pipe_q8_0", "gemm.gemm_f32"] if sm90 else ["gemm.gemm_q8_0", "gemm.gemm_f32"])  # fmt: skip
-
-    monkeypatch.setenv("REFLEX_PREFILL_GEMM", "pipe256")  # its 256-token tile where the shared memory allows it
-    pipe256 = "gemm_tc.gemm_pipe256_q8_0" if k_gemm_tc.fits(tokens=256) else "gemm_tc.gemm_pipe_q8_0"
-    assert names(prefill.matmul(w.dev, a, 100, c)) == ([pipe256] if sm90 else ["gemm.gemm_q8_0"])
-    assert names(prefill.swiglu(w.dev, w.dev, a, 100, c)) == ([pipe256] if sm90 else ["gemm.gemm_swiglu_q8_0"])
 
     monkeypatch.setenv("REFLEX_PREFILL_GEMM", "tile")
     assert names(prefill.matmul(w.dev, a, 100, c)) == ["gemm.gemm_q8_0"]

@@ -148,10 +148,7 @@ def gemm_splits(blocks: int, k_stages: int) -> int:
 # 512 tokens tile 11.58 / 11.61 ms, dense 10.22 / 10.23, pipe 10.02 / 10.06 (pp512 45.7k / 45.1k -> 52.2k / 51.8k
 # tok/s); 256 tokens 7.36 / 7.30, 6.97 / 6.99, 7.08 / 7.08; 128 tokens 5.07 / 5.12, 5.55 / 5.55, 5.68 / 5.71 (gemm.cu
 # wins there: at 128 tokens a matrix gets one row of 128-token blocks, 32 for q, before split-K).
-# "pipe256": the pipe with a 256-token tile, 8 warps a block (kernels/gemm_tc.cu): each weight tile dequantized once
-# for twice the tokens, where Nsight Compute (H200, 2026-12-05, 512 tokens) had the 128-token pipe issue 10
-# instructions for each mma at ~1.7 warps a scheduler. An A/B form, not measured yet.
-PREFILL_GEMMS = ("tile", "dense", "pipe", "pipe256")
+PREFILL_GEMMS = ("tile", "dense", "pipe")
 PREFILL_TC_MIN = 256
 
 
@@ -165,8 +162,8 @@ def prefill_gemm_named() -> str:
 
 
 def prefill_gemm(n: int, major: int) -> str:
-    """The GEMM ("tile", "dense", "pipe" or "pipe256") a quantized matmul of n tokens takes on a GPU of compute
-    capability `major`."""
+    """The GEMM ("tile", "dense" or "pipe") a quantized matmul of n tokens takes on a GPU of compute capability
+    `major`."""
     name = prefill_gemm_named()
     if name == "tile" or major < 9 or n < env_int("REFLEX_PREFILL_GEMM_MIN", PREFILL_TC_MIN, minimum=1):
         return "tile"

@@ -1,8 +1,7 @@
 """Launch wrappers for kernels/gemm_tc.cu, prefill matmuls on a pipelined TF32 tile (contract: kernels/README.md):
 in two passes, the weights dequantized into a float slab (dequant_tf32_{t}) and a dense GEMM over it (gemm_dense),
 per slab of output columns that the scratch holds; or in one, the GGUF rows staged raw and dequantized beside the
-multiply (gemm_pipe_{t}, a tile of 128 tokens, or gemm_pipe256_{t}, of 256). engine/cuda/prefill.py chooses between
-them and gemm.cu (dispatch.prefill_gemm)."""
+multiply (gemm_pipe_{t}). engine/cuda/prefill.py chooses between them and gemm.cu (dispatch.prefill_gemm)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ SMEM = 4 * STAGES * (TOKENS + TILE) * 36  # the stages' A and W tiles in rows of
 STATIC_SMEM = 128  # the kernel's own (its ticket), beside SMEM in a block's share
 DEQUANT_GROUPS = 256  # 8-value groups of the slab one dequant_tf32 block writes
 PIPE_STAGES, RAW_K = 3, 256  # gemm_pipe: A's ring; K values of a raw slice of weight rows (whole blocks)
-PIPE_TOKENS = (128, 256)  # gemm_pipe_{t}'s tile (4 warps) and gemm_pipe256_{t}'s (8 warps): tokens = threads a block
 
 
 def gemm_dense(
@@ -63,34 +61,29 @@ def gemm_dense3(
     return _two_pass(ws, None, a, n, cs, None, slab, split)
 
 
-_fits: dict[tuple[int, int], bool] = {}
+_fits: dict[int, bool] = {}
 
 
-def fits(device: int = 0, tokens: int = TOKENS) -> bool:
-    """Whether the GPU runs gemm_tc.cu's kernels of a `tokens` tile: sm_80 or later (tf32 mma, cp.async) with
-    MAX_SMEM (128 tokens) or MAX_SMEM_256 of shared memory a block (sm_80 and sm_90 have the first, sm_90 the second;
-    sm_86 and sm_89 allow 99 KiB). Read once a device."""
-    if (device, tokens) not in _fits:
+def fits(device: int = 0) -> bool:
+    """Whether the GPU runs gemm_tc.cu's kernels: sm_80 or later (tf32 mma, cp.async) with MAX_SMEM of shared memory
+    a block (sm_80 and sm_90 have it; sm_86 and sm_89 allow 99 KiB). Read once a device."""
+    if device not in _fits:
         limit = driver.attribute(driver.SMEM_OPTIN_LIMIT, device)
-        need = MAX_SMEM if tokens == TOKENS else MAX_SMEM_256
-        _fits[device, tokens] = driver.compute_major(device) >= 8 and limit >= need + STATIC_SMEM
-    return _fits[device, tokens]
+        _fits[device] = driver.compute_major(device) >= 8 and limit >= MAX_SMEM + STATIC_SMEM
+    return _fits[device]
 
 
-def pipe_smem(ggml_type: GGMLType, tokens: int = TOKENS) -> int:
-    """gemm_pipe's dynamic shared memory for weights of this type and a tile of `tokens`: A's ring, two float W tiles,
-    two raw slices (kernels/gemm_tc.cu pipe_smem_bytes; 112,640 bytes at most at 128 tokens, for Q8_0's 272-byte
-    slices; 167,936 at 256)."""
+def pipe_smem(ggml_type: GGMLType) -> int:
+    """gemm_pipe's dynamic shared memory for weights of this type: A's ring, two float W tiles, two raw slices
+    (kernels/gemm_tc.cu pipe_smem_bytes; 112,640 bytes at most, for Q8_0's 272-byte slices)."""
     qk, nbytes = BLOCK_SIZES[ggml_type]
     pitch = (RAW_K // qk * nbytes + 30) // 16 * 16  # stage.cuh pitch: a slice's bytes and its head offset, granules
     pitch += 0 if pitch // 16 % 2 else 16  # an odd number of granules (odd_granules)
-    return 4 * (PIPE_STAGES * tokens * 36 + 2 * TILE * 36) + 2 * TILE * pitch
+    return 4 * (PIPE_STAGES * TOKENS * 36 + 2 * TILE * 36) + 2 * TILE * pitch
 
 
-# The most dynamic shared memory a gemm_tc.cu kernel of the 128-token tile takes (two blocks an SM of it fit an
-# sm_90's 228 KiB), and of gemm_pipe256's (one block an SM).
+# The most dynamic shared memory a gemm_tc.cu kernel takes (two blocks an SM of it fit an sm_90's 228 KiB).
 MAX_SMEM = max(SMEM, *(pipe_smem(t) for t in KERNEL_TAGS if t not in FLOAT_TYPES))
-MAX_SMEM_256 = max(pipe_smem(t, 256) for t in KERNEL_TAGS if t not in FLOAT_TYPES)
 
 
 def gemm_pipe(
@@ -102,30 +95,21 @@ def gemm_pipe(
     resid: DeviceArray | None = None,  # (n, R) f4, one matrix only: c itself or a separate array
     up: DeviceWeight | None = None,  # (R, K), the same layout as w: c = silu(a . w^T) * (a . up^T)
     split: bool = True,  # False: no split-K (tests compare both)
-    tokens: int = TOKENS,  # the tile: 128 (gemm_pipe_{t}) or 256 (gemm_pipe256_{t}, where fits(tokens=256))
 ) -> Launch:  # fmt: skip
-    """c = a . w^T (+ resid), or the SwiGLU of (w, up), in one launch of gemm_pipe_{t} or gemm_pipe256_{t}. Where
-    fits(tokens=tokens)."""
+    """c = a . w^T (+ resid), or the SwiGLU of (w, up), in one launch of gemm_pipe_{t}. Where fits()."""
     _check_call("gemm_pipe", w, up, a, n, c, resid)
-    if tokens not in PIPE_TOKENS:
-        raise CudaError(f"gemm_pipe: a tile of {tokens} tokens, one of {PIPE_TOKENS}")
-    if not fits(tokens=tokens):
-        raise CudaError(f"gemm_pipe: a {tokens}-token tile needs {MAX_SMEM_256 + STATIC_SMEM} bytes of shared memory")
-    smem = pipe_smem(w.ggml_type, tokens)
-    fn = driver.module("gemm_tc").fn(f"gemm_pipe{'' if tokens == TOKENS else tokens}_{w.tag}")
+    smem = pipe_smem(w.ggml_type)
+    fn = driver.module("gemm_tc").fn(f"gemm_pipe_{w.tag}")
     driver.allow_smem(fn, smem, most_shared=True)
     gx = (w.rows + (TILE // 2 if up else TILE) - 1) // (TILE // 2 if up else TILE)
-    gy = (n + tokens - 1) // tokens
+    gy = (n + TOKENS - 1) // TOKENS
     work = workspace()
     unit = max(SPLIT_STEP, BLOCK_SIZES[w.ggml_type][0])  # a split takes whole blocks and whole stages
-    # The workspace holds GEMM_FULL_BLOCKS partials of 128 x 64 (two blocks an SM): a 256-token tile takes two of them
-    # (and an SM to itself)
-    blocks = gx * gy * tokens // TOKENS
-    s = dispatch.gemm_splits(blocks, w.cols // unit) if split and work is not None else 1
+    s = dispatch.gemm_splits(gx * gy, w.cols // unit) if split and work is not None else 1
     parts = [ptr(work.part), ptr(work.tickets)] if s > 1 else [ptr(None), ptr(None)]
     args = [ptr(w.ptr), ptr(up.ptr if up is not None else None), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(a),
             i32(n), ptr(resid), ptr(c), i32(1 if up is not None else 0), *parts]  # fmt: skip
-    return Launch(fn, (gx, gy, s), (tokens,), args, smem=smem)
+    return Launch(fn, (gx, gy, s), (THREADS,), args, smem=smem)
 
 
 def _check_call(what: str, w: DeviceWeight, up: DeviceWeight | None, a: DeviceArray, n: int, c: DeviceArray,

@@ -1,6 +1,6 @@
 """The matmuls of a prefill batch past dispatch.MATVEC_MAX tokens: gemm.cu's tile (engine/cuda/k_gemm.py), or one of
 gemm_tc.cu's (engine/cuda/k_gemm_tc.py), the two-pass dense GEMM (where k_gemm.reserve set its slab aside) or the
-pipelined one (a 128- or 256-token tile), as dispatch.prefill_gemm picks for a quantized weight."""
+pipelined one, as dispatch.prefill_gemm picks for a quantized weight."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from engine.cuda.driver import Launch
 from engine.cuda.memory import DeviceArray, DeviceWeight
 from engine.quants import FLOAT_TYPES
 
-_PIPE_TOKENS = {"pipe": 128, "pipe256": 256}  # the pipelined GEMM's tile of each name
-
 
 def matmul(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray, *,
            resid: DeviceArray | None = None) -> list[Launch]:  # fmt: skip
@@ -18,8 +16,8 @@ def matmul(w: DeviceWeight, a: DeviceArray, n: int, c: DeviceArray, *,
     kind = _kind(w, n)
     if kind == "dense":
         return k_gemm_tc.gemm_dense(w, a, n, c, resid=resid)
-    if kind in _PIPE_TOKENS:
-        return [k_gemm_tc.gemm_pipe(w, a, n, c, resid=resid, tokens=_PIPE_TOKENS[kind])]
+    if kind == "pipe":
+        return [k_gemm_tc.gemm_pipe(w, a, n, c, resid=resid)]
     return [k_gemm.gemm(w, a, n, c, resid=resid)]
 
 
@@ -28,8 +26,8 @@ def swiglu(wg: DeviceWeight, wu: DeviceWeight, a: DeviceArray, n: int, c: Device
     kind = _kind(wg, n)
     if kind == "dense":
         return k_gemm_tc.gemm_dense(wg, a, n, c, up=wu)
-    if kind in _PIPE_TOKENS:
-        return [k_gemm_tc.gemm_pipe(wg, a, n, c, up=wu, tokens=_PIPE_TOKENS[kind])]
+    if kind == "pipe":
+        return [k_gemm_tc.gemm_pipe(wg, a, n, c, up=wu)]
     return [k_gemm.gemm_swiglu(wg, wu, a, n, c)]
 
 
@@ -50,13 +48,11 @@ def matmuls(ws: list[DeviceWeight], a: DeviceArray, n: int, cs: list[DeviceArray
 
 
 def _kind(w: DeviceWeight, n: int) -> str:
-    """ "tile", "dense", "pipe" or "pipe256" for w at n tokens: dispatch.prefill_gemm's choice where the GPU and the
-    weight allow it (a quantized type; the dense GEMM's slab reserved; the shared memory of pipe256's tile)."""
+    """ "tile", "dense" or "pipe" for w at n tokens: dispatch.prefill_gemm's choice where the GPU and the weight allow
+    it (a quantized type; the dense GEMM's slab reserved)."""
     if w.ggml_type in FLOAT_TYPES:
         return "tile"
     kind = dispatch.prefill_gemm(n, driver.compute_major())
-    if kind == "pipe256" and not k_gemm_tc.fits(tokens=256):
-        kind = "pipe"
     if kind == "tile" or not k_gemm_tc.fits():
         return "tile"
     work = k_gemm.workspace()
