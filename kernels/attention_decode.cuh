@@ -177,12 +177,14 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 // ATTN_FOLD_WEIGHTS = 0: each thread finds M and then sums its element over the splits in split order (L too), one
 // split after another: with 32 active splits (4,096 keys) 32 dependent trips to L2, and on an H200 (2026-12-05,
 // scripts/bench_attention.py, the Qwen3-0.6B shape) the folded launch took 17.9 us against 12.6 for attn_decode and
-// attn_combine as two launches (10.9 / 9.6 at 1,024 keys; 7.1 / 8.1 at 128, one split). 1: attn_combine's way, the
-// weights first (warp w for heads w, w + 4, ...: lanes over the splits, L summed in the warp's tree order) into
-// shared memory, then each element's sum in split order with its loads independent (unrolled by 8). An A/B switch
-// until measured.
+// attn_combine as two launches (10.9 / 9.6 at 1,024 keys; 7.1 / 8.1 at 128, one split). 1 (the default):
+// attn_combine's way, the weights first (warp w for heads w, w + 4, ...: lanes over the splits, L summed in the warp's
+// tree order) into shared memory, then each element's sum in split order with its loads independent (unrolled by 8).
+// On an H100 (2026-12-05, Qwen3-0.6B shape, engine profile after 4,000 tokens, two rounds) attn_decode 19.7 -> 15.7 us
+// a launch, the decode step 1.316 / 1.323 -> 1.196 / 1.192 ms, the 13-token step 4.083 / 4.116 -> 4.052 / 4.062; at
+// a short context (engine bench) decode 1,227 / 1,226 -> 1,224 / 1,225 tok/s. 0 stays for comparisons.
 #ifndef ATTN_FOLD_WEIGHTS
-#define ATTN_FOLD_WEIGHTS 0
+#define ATTN_FOLD_WEIGHTS 1
 #endif
 constexpr int FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2;  // decode's shared floats (the weights' room)
 
