@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
     pdl::begin();
     const int r0 = blockIdx.x * BN, t0 = blockIdx.y * BM, S = gridDim.z;
     const int span = K / S, kbeg = span * int(blockIdx.z), nk = span / BK;
-    Acc acc;
+    Acc<> acc;
     acc.zero();
 #pragma unroll
     for (int s = 0; s < NSTAGE - 1; ++s) {  // the pipeline's head; a group per stage, empty past the span
@@ -119,6 +119,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 namespace {
 
 constexpr int RAW_K = 256, PIPE_STAGES = 3;
+// Warps a block (Acc): 4, or 8 (an A/B form, -DPIPE_WARPS=8): the same tile and the same bits, each warp on half the
+// tokens, the dequantizing spread over twice the threads. Nsight Compute found the 4-warp tile latency-bound with
+// 1-2 warps a scheduler (gemm_tc_tile.cuh, mma_stage). k_gemm_tc launches the block the kernel was built for.
+#ifndef PIPE_WARPS
+#define PIPE_WARPS 4
+#endif
+constexpr int PIPE_THREADS = 32 * PIPE_WARPS;
 constexpr int CHUNKS = RAW_K / BK;  // stages a raw slice serves
 constexpr int RAW_PIECES = 4;       // a slice's copies go out in this many pieces of its rows, a stage apart
 // A raw row's bytes: stage.cuh's pitch, made an odd number of 16-byte granules, so that the 8 rows a warp's decoders
@@ -150,7 +157,7 @@ struct Pipe {
     __device__ __forceinline__ void load(int s, int piece) const {
         constexpr int NG = RAW_PITCH<T> / 16, ROWS = BN / RAW_PIECES;  // granules a row at most; rows a piece
         uint8_t* dst = raw + (s & 1) * BN * RAW_PITCH<T>;
-        for (int i = threadIdx.x; i < ROWS * NG; i += THREADS) {
+        for (int i = threadIdx.x; i < ROWS * NG; i += PIPE_THREADS) {
             const int j = piece * ROWS + i / NG;
             int bytes;
             const uint8_t* from = src(j, s, bytes);
@@ -158,22 +165,24 @@ struct Pipe {
         }
     }
 
-    // Stage kc's 64 x 32 values from its raw slice into sW[BN][LD], tf32-rounded: a thread takes two neighbouring
-    // 8-value groups of one row (tile row tid / 2, values 16 (tid % 2) .. + 15 of the stage), both decoded before any
-    // store, so that what they share (a K-quant's sub-block scale and minimum: 32 values) is read and decoded once.
-    // The stores: a quarter-warp's 4 rows x 2 halves fall on 8 distinct 4-bank groups (row pitch 36 floats).
+    // Stage kc's 64 x 32 values from its raw slice into sW[BN][LD], tf32-rounded: a thread takes GT = 2 neighbouring
+    // 8-value groups of one row (tile row tid / 2, values 16 (tid % 2) .. + 15 of the stage) with 4 warps, both decoded
+    // before any store, so that what they share (a K-quant's sub-block scale and minimum: 32 values) is read and
+    // decoded once; with 8 warps one group (row tid / 4, values 8 (tid % 4) .. + 7).
+    // The stores (4 warps): a quarter-warp's 4 rows x 2 halves fall on 8 distinct 4-bank groups (row pitch 36 floats).
     __device__ __forceinline__ void dequant(int kc, float* sW) const {
-        const int s = kc / CHUNKS, j = threadIdx.x >> 1, half = threadIdx.x & 1;
-        static_assert(BN * BK == THREADS * 16, "two groups a thread");
+        constexpr int GT = BN * BK / 8 / PIPE_THREADS, TR = BK / 8 / GT;  // groups a thread, threads a row
+        static_assert(GT * PIPE_THREADS * 8 == BN * BK && (GT == 1 || GT == 2), "one or two groups a thread");
+        const int s = kc / CHUNKS, j = threadIdx.x / TR, part = threadIdx.x % TR;
         int bytes;
         const uint8_t* row = stage::landed(raw + (s & 1) * BN * RAW_PITCH<T> + j * RAW_PITCH<T>, src(j, s, bytes));
-        const int g0 = (kc % CHUNKS) * (BK / 8) + 2 * half;
-        float v[2][8];
-        q::Quant<T>::load8(row, g0, v[0]);
-        q::Quant<T>::load8(row, g0 + 1, v[1]);
-        float4* d = reinterpret_cast<float4*>(sW + j * LD + 16 * half);
+        const int g0 = (kc % CHUNKS) * (BK / 8) + GT * part;
+        float v[GT][8];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < GT; ++h) q::Quant<T>::load8(row, g0 + h, v[h]);
+        float4* d = reinterpret_cast<float4*>(sW + j * LD + 8 * GT * part);
+#pragma unroll
+        for (int h = 0; h < GT; ++h) {
             d[2 * h] = make_float4(tf32_round(v[h][0]), tf32_round(v[h][1]), tf32_round(v[h][2]), tf32_round(v[h][3]));
             d[2 * h + 1] = make_float4(tf32_round(v[h][4]), tf32_round(v[h][5]), tf32_round(v[h][6]),
                                        tf32_round(v[h][7]));
@@ -206,13 +215,13 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
     float* sW = smem + PIPE_STAGES * BM * LD;
     const Pipe<T> w{W0, W1, row_bytes, R, int(blockIdx.x) * (pair ? BN / 2 : BN), kbeg, span, pair != 0,
                     reinterpret_cast<uint8_t*>(sW + 2 * BN * LD)};
-    Acc acc;
+    Acc<PIPE_WARPS> acc;
     acc.zero();
-    load_a(smem, A, K, t0, n, kbeg);
+    load_a<PIPE_THREADS>(smem, A, K, t0, n, kbeg);
 #pragma unroll
     for (int piece = 0; piece < RAW_PIECES; ++piece) w.load(0, piece);
     stage::commit();
-    if (nk > 1) load_a(smem + BM * LD, A, K, t0, n, kbeg + BK);
+    if (nk > 1) load_a<PIPE_THREADS>(smem + BM * LD, A, K, t0, n, kbeg + BK);
     stage::commit();
     stage::wait_pending<1>();  // group 0: raw slice 0
     __syncthreads();
@@ -220,7 +229,8 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
     for (int kt = 0; kt < nk; ++kt) {
         stage::wait_pending<1>();  // group kt: A's stage kt
         __syncthreads();           // everyone's copies, and sW[kt % 2]; every warp is done with iteration kt - 1
-        if (kt + 2 < nk) load_a(smem + (kt + 2) % PIPE_STAGES * BM * LD, A, K, t0, n, kbeg + (kt + 2) * BK);
+        if (kt + 2 < nk)
+            load_a<PIPE_THREADS>(smem + (kt + 2) % PIPE_STAGES * BM * LD, A, K, t0, n, kbeg + (kt + 2) * BK);
         if (kt % CHUNKS < RAW_PIECES && RAW_K * (kt / CHUNKS + 1) < span) w.load(kt / CHUNKS + 1, kt % CHUNKS);
         stage::commit();
         if (kt + 1 < nk) w.dequant(kt + 1, sW + (kt + 1) % 2 * BN * LD);
@@ -235,7 +245,8 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
 }  // namespace
 
 // C[n, R] = A . W0^T (+ resid), or with pair: silu(A . W0^T) * (A . W1^T) (W1 of W0's type and shape), W0 / W1 GGUF
-// rows of type t. grid (ceil(R / 64) or, a pair, ceil(R / 32), ceil(n / 128), S), block 128, dynamic shared memory
+// rows of type t. grid (ceil(R / 64) or, a pair, ceil(R / 32), ceil(n / 128), S), block PIPE_THREADS (128, or 256
+// built with -DPIPE_WARPS=8; the kernel's maxThreadsPerBlock says which), dynamic shared memory
 // pipe_smem_bytes<T>() (k_gemm_tc.pipe_smem). S > 1 splits K into spans of whole RAW_K slices (whole blocks) and of
 // BK stages, summed as gemm_dense's.
 // A 256-token tile (8 warps a block, each weight tile dequantized once for twice the tokens, 136-164 KiB of shared
@@ -244,7 +255,7 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
 // of it), pp512 52.4k / 53.5k -> 48.3k / 48.4k tok/s. Half the blocks, one an SM, hid less latency than the halved
 // dequantizing saved. Not kept.
 #define PIPE_KERNEL(tag, T)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS, 2)                                                      \
+    extern "C" __global__ void __launch_bounds__(PIPE_THREADS, 2)                                                 \
         gemm_pipe_##tag(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1, long long row_bytes, int R, \
                         int K, const float* __restrict__ A, int n, const float* resid, float* C, int pair,         \
                         float* part, int* tickets) {                                                             \

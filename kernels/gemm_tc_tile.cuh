@@ -18,9 +18,10 @@ __device__ __forceinline__ uint32_t tf32_rna(uint32_t bits) {
 }
 __device__ __forceinline__ float tf32_round(float v) { return __uint_as_float(tf32_rna(__float_as_uint(v))); }
 
-// The tile. Block: 128 threads (4 warps), tile BM = 128 tokens x BN = 64 weight (or slab) rows, K in stages of BK = 32
-// values, NSTAGE stages in flight (gemm_dense; gemm_pipe keeps PIPE_STAGES of A). Warp (wm, wn) = (warp / 2,
-// warp % 2) computes tokens 64 wm + [0, 64) x rows 32 wn + [0, 32): 4 x 4 m16n8k8 tiles, 64 accumulators a thread.
+// The tile. Block: 128 threads (4 warps; gemm_pipe's PIPE_WARPS may make it 8: Acc), tile BM = 128 tokens x BN = 64
+// weight (or slab) rows, K in stages of BK = 32 values, NSTAGE stages in flight (gemm_dense; gemm_pipe keeps
+// PIPE_STAGES of A). With 4 warps, warp (wm, wn) = (warp / 2, warp % 2) computes tokens 64 wm + [0, 64) x rows
+// 32 wn + [0, 32): 4 x 4 m16n8k8 tiles, 64 accumulators a thread.
 // Shared memory, a stage (floats, row stride LD = BK + 4 = 36: the 8 rows of an ldmatrix phase, 144 bytes apart, fall
 // in distinct 16-byte bank groups):
 //   sA[128][LD]  A[t0 + i, k0 + k]      sW[64][LD]  Wd[r0 + j, k0 + k]
@@ -47,11 +48,12 @@ __device__ __forceinline__ void ldmatrix4(uint32_t (&r)[4], unsigned addr) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
 
-// A's copies for the stage at k: its 128 x 32 values (8 granules of 16 bytes a thread) into sA[BM][LD].
+// A's copies for the stage at k: its 128 x 32 values (8 granules of 16 bytes a thread of NT) into sA[BM][LD].
+template <int NT = THREADS>
 __device__ __forceinline__ void load_a(float* sA, const float* A, int K, int t0, int n, int k) {
 #pragma unroll
-    for (int p = 0; p < BM * BK / 4 / THREADS; ++p) {
-        const int i = threadIdx.x + THREADS * p, row = i >> 3, c = i & 7;
+    for (int p = 0; p < BM * BK / 4 / NT; ++p) {
+        const int i = threadIdx.x + NT * p, row = i >> 3, c = i & 7;
         const long long t = min(t0 + row, n - 1);
         stage::copy16(reinterpret_cast<uint8_t*>(sA + row * LD + 4 * c),
                       reinterpret_cast<const uint8_t*>(A + t * K + k + 4 * c));
@@ -71,12 +73,19 @@ __device__ __forceinline__ void load_stage(float* s, const float* A, int K, int 
     }
 }
 
+// A block of NW warps (4, or 8: gemm_tc.cu's PIPE_WARPS), NW / 2 along the tokens and 2 along the rows: warp
+// (wm, wn) = (warp / 2, warp % 2) takes tokens TM wm + [0, TM), TM = BM / (NW / 2), x rows 32 wn + [0, 32), as MI =
+// TM / 16 m-tiles x 4 n-tiles (4 x 4 with 4 warps, 2 x 4 with 8). Each output's sum over K is one thread's, in k
+// order, however many warps share the tile.
+template <int NW = 4>
 struct Acc {
-    float d[4][4][4];  // [m-tile][n-tile][fragment element]
+    static constexpr int TM = BM / (NW / 2), MI = TM / 16;
+    static_assert(NW == 4 || NW == 8, "4 or 8 warps a block");
+    float d[MI][4][4];  // [m-tile][n-tile][fragment element]
 
     __device__ __forceinline__ void zero() {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
             for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -92,13 +101,13 @@ struct Acc {
     __device__ __forceinline__ void mma_stage(const float* sA, const float* sW) {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 1, wn = warp & 1, mi = lane >> 3;
         // this lane's row address for the ldmatrix of A's m-tile 0 and of W's n-tiles (0, 1), at k step 0
-        const float* a0 = sA + (64 * wm + (lane & 7) + 8 * (mi & 1)) * LD + 4 * (mi >> 1);
+        const float* a0 = sA + (TM * wm + (lane & 7) + 8 * (mi & 1)) * LD + 4 * (mi >> 1);
         const float* w0 = sW + (32 * wn + 8 * (mi >> 1) + (lane & 7)) * LD + 4 * (mi & 1);
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 8) {
-            uint32_t a[4][4], b[4][2];
+            uint32_t a[MI][4], b[4][2];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < MI; ++i) {
                 ldmatrix4(a[i], smem_addr(a0 + 16 * i * LD + kk));
 #pragma unroll
                 for (int e = 0; e < 4; ++e) a[i][e] = tf32_rna(a[i][e]);
@@ -110,22 +119,22 @@ struct Acc {
                 b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
             }
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int i = 0; i < MI; ++i)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) mma_tf32(d[i][j], a[i], b[j][0], b[j][1]);
         }
     }
 
-    // The tile into sC[BM][CLD]: element e of (i, j) is token 64 wm + 16 i + g (+ 8 for e >= 2), row 32 wn + 8 j + 2q
+    // The tile into sC[BM][CLD]: element e of (i, j) is token TM wm + 16 i + g (+ 8 for e >= 2), row 32 wn + 8 j + 2q
     // (+ 1 for odd e).
     __device__ __forceinline__ void stage_out(float* sC) const {
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 1, wn = warp & 1;
         const int g = lane >> 2, q = lane & 3;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                float* p = sC + (64 * wm + 16 * i + g) * CLD + 32 * wn + 8 * j + 2 * q;
+                float* p = sC + (TM * wm + 16 * i + g) * CLD + 32 * wn + 8 * j + 2 * q;
                 *reinterpret_cast<float2*>(p) = make_float2(d[i][j][0], d[i][j][1]);
                 *reinterpret_cast<float2*>(p + 8 * CLD) = make_float2(d[i][j][2], d[i][j][3]);
             }
@@ -162,13 +171,14 @@ struct Out {
 };
 
 // The staged tile sC to the output: one matrix, column c0 + r0 + j (+ resid, laid out as segment 0) for j < 64 within
-// `cols`; a pair, column c0 + r0 / 2 + j = silu(sC[.][j]) * sC[.][32 + j] for j < 32 within `cols`.
+// `cols`; a pair, column c0 + r0 / 2 + j = silu(sC[.][j]) * sC[.][32 + j] for j < 32 within `cols`. NT threads.
+template <int NT = THREADS>
 __device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0, int cols, int pair,
                                           const float* resid, const Out& out, int c0) {
     const int per = pair ? BN / 2 : BN, o0 = pair ? r0 >> 1 : r0;  // outputs a tile row, the tile's first
 #pragma unroll 4
-    for (int p = 0; p < BM * (BN / 2) / 4 / THREADS * (pair ? 1 : 2); ++p) {
-        const int i = threadIdx.x + THREADS * p, tok = i / (per / 4), c4 = 4 * (i % (per / 4));
+    for (int p = 0; p < BM * (BN / 2) / 4 / NT * (pair ? 1 : 2); ++p) {
+        const int i = threadIdx.x + NT * p, tok = i / (per / 4), c4 = 4 * (i % (per / 4));
         const int t = t0 + tok, r = o0 + c4;
         if (t >= n || r >= cols) continue;
         const float4 g = *reinterpret_cast<const float4*>(sC + tok * CLD + c4);
@@ -195,19 +205,21 @@ __device__ __forceinline__ void write_out(const float* sC, int t0, int n, int r0
 
 // After the K loop (every stage buffer free): the tile to the output, or, split, to its partial slot, and the
 // tile's last block (its ticket, `last` in shared memory) sums the partials in z order and writes the output.
-__device__ __forceinline__ void finish(const Acc& acc, float* smem, int* last, int t0, int n, int r0, int cols,
+template <int NW>
+__device__ __forceinline__ void finish(const Acc<NW>& acc, float* smem, int* last, int t0, int n, int r0, int cols,
                                        int pair, const float* resid, const Out& out, int c0, float* part,
                                        int* tickets) {
+    constexpr int NT = 32 * NW;
     acc.stage_out(smem);
     __syncthreads();
     const int S = gridDim.z;
     if (S == 1) {
-        write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
+        write_out<NT>(smem, t0, n, r0, cols, pair, resid, out, c0);
         return;
     }
     const int tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
     float* mine = part + ((long long)blockIdx.z * tiles + tile) * (BM * BN);
-    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
+    for (int i = threadIdx.x; i < BM * BN / 4; i += NT) {
         const int tok = i >> 4, c4 = 4 * (i & 15);
         *reinterpret_cast<float4*>(mine + tok * BN + c4) = *reinterpret_cast<const float4*>(smem + tok * CLD + c4);
     }
@@ -217,7 +229,7 @@ __device__ __forceinline__ void finish(const Acc& acc, float* smem, int* last, i
     __syncthreads();
     if (!*last) return;
     __threadfence();
-    for (int i = threadIdx.x; i < BM * BN / 4; i += THREADS) {
+    for (int i = threadIdx.x; i < BM * BN / 4; i += NT) {
         const int tok = i >> 4, c4 = 4 * (i & 15);
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int z = 0; z < S; ++z) {  // z order: the sum does not depend on which block came last
@@ -228,7 +240,7 @@ __device__ __forceinline__ void finish(const Acc& acc, float* smem, int* last, i
         *reinterpret_cast<float4*>(smem + tok * CLD + c4) = v;
     }
     __syncthreads();
-    write_out(smem, t0, n, r0, cols, pair, resid, out, c0);
+    write_out<NT>(smem, t0, n, r0, cols, pair, resid, out, c0);
     if (threadIdx.x == 0) tickets[tile] = 0;  // for the next launch
 }
 

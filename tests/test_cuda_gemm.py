@@ -342,7 +342,10 @@ def test_gemm_pipe(ggml_type: GGMLType, shape: tuple[int, int, int], split: bool
     a64 = a.astype(np.float64)
     g, u = a64 @ wg.dense.T, a64 @ wu.dense.T
     out = Output(n, rows)
-    run(k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, split=split))
+    launch = k_gemm_tc.gemm_pipe(wg.dev, d_a, n, out.c, split=split)
+    assert launch.block[0] == driver.block_limit(launch.fn), launch.block  # the block the kernel was built for
+    assert launch.block[0] in k_gemm_tc.PIPE_THREADS, launch.block
+    run(launch)
     got = out.result(context)
     assert_rows_close(got, g, tolerance(ggml_type), context)
     if not split:  # gemm_dense's instructions, operands and k order: its bits; gemm's roundings: its result, closely

@@ -70,6 +70,8 @@ def test_gemm_tc_shared_memory_follows_the_kernel():
     pipe = re.search(r"constexpr int RAW_K = (\d+), PIPE_STAGES = (\d+);", text)
     assert pipe, "gemm_tc.cu's pipe constants moved"
     assert (int(pipe.group(1)), int(pipe.group(2))) == (k_gemm_tc.RAW_K, k_gemm_tc.PIPE_STAGES)
+    warps = re.search(r"#define PIPE_WARPS (\d+)", text)
+    assert warps and 32 * int(warps.group(1)) == k_gemm_tc.PIPE_THREADS[0], "gemm_pipe's default block moved"
 
 
 def test_attn_decode_fold_room_follows_the_kernel():

@@ -223,6 +223,21 @@ def allow_smem(fn: ctypes.c_void_p, smem: int, most_shared: bool = False) -> Non
         _smem_allowed[fn.value] = smem
 
 
+_MAX_THREADS = 0  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+_block_limits: dict[int, int] = {}
+
+
+def block_limit(fn: ctypes.c_void_p) -> int:
+    """The most threads a block of kernel `fn` may have: its __launch_bounds__, so a launch can take the block a
+    kernel was built for (kernels/gemm_tc.cu's PIPE_WARPS). Read once a kernel."""
+    if fn.value not in _block_limits:
+        v = ctypes.c_int()
+        name = _kernel_names.get(fn.value, "?")
+        check(libcuda().cuFuncGetAttribute(ctypes.byref(v), _MAX_THREADS, fn), f"cuFuncGetAttribute({name})")
+        _block_limits[fn.value] = v.value
+    return _block_limits[fn.value]
+
+
 class Module:
     """A prebuilt kernel module kernels/build/<name>.fatbin (never compiled at run time)."""
 

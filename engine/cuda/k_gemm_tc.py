@@ -21,6 +21,7 @@ SMEM = 4 * STAGES * (TOKENS + TILE) * 36  # the stages' A and W tiles in rows of
 STATIC_SMEM = 128  # the kernel's own (its ticket), beside SMEM in a block's share
 DEQUANT_GROUPS = 256  # 8-value groups of the slab one dequant_tf32 block writes
 PIPE_STAGES, RAW_K = 3, 256  # gemm_pipe: A's ring; K values of a raw slice of weight rows (whole blocks)
+PIPE_THREADS = (128, 256)  # gemm_pipe's blocks: 4 warps (the build's default) or 8 (-DPIPE_WARPS=8)
 
 
 def gemm_dense(
@@ -109,7 +110,16 @@ def gemm_pipe(
     parts = [ptr(work.part), ptr(work.tickets)] if s > 1 else [ptr(None), ptr(None)]
     args = [ptr(w.ptr), ptr(up.ptr if up is not None else None), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(a),
             i32(n), ptr(resid), ptr(c), i32(1 if up is not None else 0), *parts]  # fmt: skip
-    return Launch(fn, (gx, gy, s), (THREADS,), args, smem=smem)
+    return Launch(fn, (gx, gy, s), (pipe_threads(fn),), args, smem=smem)
+
+
+def pipe_threads(fn) -> int:
+    """gemm_pipe's block: the threads its kernel was built for (kernels/gemm_tc.cu's PIPE_WARPS: 4 warps, or 8 in
+    that A/B form), read from the kernel so that a rebuilt module needs no other change."""
+    threads = driver.block_limit(fn)
+    if threads not in PIPE_THREADS:
+        raise CudaError(f"gemm_pipe: a kernel built for {threads} threads a block, not one of {PIPE_THREADS}")
+    return threads
 
 
 def _check_call(what: str, w: DeviceWeight, up: DeviceWeight | None, a: DeviceArray, n: int, c: DeviceArray,
