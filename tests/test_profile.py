@@ -23,6 +23,7 @@ def test_profile_times_every_launch_of_a_decode_step():
     rows = report["launches"]
     assert report["launches_per_step"] == len(rows) > 0
     assert all(r["kernel"] != "?" and "." in r["kernel"] and r["us"] > 0 for r in rows)
+    assert rows[-1]["kernel"] == "sample.argmax_f32", rows[-1]  # the greedy step as decode_chain's graph runs it
     assert report["step_ms"] > 0 and report["sum_of_launches_ms"] > 0
     assert sum(k["launches"] for k in report["by_kernel"]) == len(rows)
     assert abs(sum(k["share"] for k in report["by_kernel"]) - 1.0) < 1e-2

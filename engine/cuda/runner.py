@@ -287,10 +287,13 @@ class CudaRunner:
             self._ahead = self._recurrent and queued > taken
 
     def decode_launches(self, token: int) -> list:
-        """The launches of one decode step for `token` at the current position, its inputs uploaded, nothing run and
-        the position not advanced (engine/tools/profile.py times them one by one)."""
+        """The launches of one greedy decode step for `token` at the current position, as decode_chain's graph holds
+        them (the model, the LM head, the argmax; the argmax without the chain's hand-off, so the step's input stays
+        `token`), its inputs uploaded, nothing run and the position not advanced (engine/tools/profile.py times them
+        one by one)."""
         self._stage([token])
-        return self._decode_step()
+        row = self.model.logits.view(0, (self.n_vocab,))
+        return self._decode_step([ks.argmax(row, self.n_vocab, self.token)])
 
     def batch_launches(self, ids: Sequence[int]) -> list:
         """The launches of one batch forward over ids (one chunk, as forward runs it) at the current position and the

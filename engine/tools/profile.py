@@ -1,11 +1,12 @@
 """`python -m engine profile MODEL`: where a decode step's time goes, launch by launch, on the CUDA backend.
 
-Each launch of one decode step (the model's forward for one token plus the LM head) is captured in a graph of its
-own and replayed many times between device events, so its figure excludes the host; the whole step is replayed the
-same way. With --batch N (N > 1) the same for the forward of N tokens as a prompt chunk runs (the launches of
-system1 and of a short prefill: small-batch matmuls, prefill attention) and the LM head of its last row. The table
-groups launches by kernel. The state the step reads (KV cache rows, position) comes from a real prompt run first;
-replaying a launch alone rewrites its outputs with the same values, so nothing drifts.
+Each launch of one decode step (the model's forward for one token, the LM head and greedy decode's argmax, as
+decode_chain's graph holds them; before 2026-12-05 the argmax was left out) is captured in a graph of its own and
+replayed many times between device events, so its figure excludes the host; the whole step is replayed the same way.
+With --batch N (N > 1) the same for the forward of N tokens as a prompt chunk runs (the launches of system1 and of a
+short prefill: small-batch matmuls, prefill attention) and the LM head of its last row. The table groups launches by
+kernel. The state the step reads (KV cache rows, position) comes from a real prompt run first; replaying a launch alone
+rewrites its outputs with the same values, so nothing drifts.
 
 A launch alone pays a graph launch of its own (a few microseconds), and in the step it overlaps its neighbours
 (programmatic dependent launch), so its figure is not what it costs the step. With ablate, each kernel's cost in the
