@@ -143,6 +143,14 @@ __device__ __forceinline__ void split_step(const float (&x0)[8], const float (&x
     split_tf32(x1[2 * s + 1], ah[3], al[3]);
 }
 
+// TCMV_X3 = 0 (an A/B form, compile time): one mma a product on the hi halves alone (operands rounded to tf32, or to
+// f16 after the power-of-two scale: the prefill GEMM's precision, for quantized weights only as it is), the lo halves
+// never made. It trades the float32-level agreement with the matvec (tests/test_cuda_tc_matvec.py) for a third of
+// the mma and half the splitting; the model tests hold it to the fixtures' bounds.
+#ifndef TCMV_X3
+#define TCMV_X3 1
+#endif
+
 // One 16-token tile through one chunk for F weight fragments (8 rows each): x0, x1 are this lane's 8 values of
 // tokens g and g + 8 (times norm_w when normed), split once for all F; acc[f][0..1] are token g's sums for fragment
 // f's rows 2q, 2q + 1, acc[f][2..3] token g + 8's.
@@ -157,7 +165,10 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
             split_step(x0, x1, s, ah, al);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                mma_tf32x3(acc[f], ah, al, b[f].hi[2 * s], b[f].hi[2 * s + 1], b[f].lo[2 * s], b[f].lo[2 * s + 1]);
+                if (TCMV_X3)
+                    mma_tf32x3(acc[f], ah, al, b[f].hi[2 * s], b[f].hi[2 * s + 1], b[f].lo[2 * s], b[f].lo[2 * s + 1]);
+                else
+                    mma_tf32(acc[f], ah, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
             }
         }
     } else {
@@ -183,8 +194,10 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
 #pragma unroll
             for (int f = 0; f < F; ++f) {
                 mma(hh[f], ah, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
-                mma(side[f], ah, b[f].lo[2 * s], b[f].lo[2 * s + 1]);
-                mma(side[f], al, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
+                if (TCMV_X3) {
+                    mma(side[f], ah, b[f].lo[2 * s], b[f].lo[2 * s + 1]);
+                    mma(side[f], al, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
+                }
             }
         }
 #pragma unroll
