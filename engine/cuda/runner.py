@@ -222,10 +222,10 @@ class CudaRunner:
             self._set_step(step)
             for launch in self.model.head_logits((n - 1) % self.model.max_batch, 1):
                 launch(self.stream)
-        row = self.model.logits.view(0, (self.n_vocab,))
         if params.greedy:
-            ks.argmax(row, self.n_vocab, self.token)(self.stream)
+            self._argmax()(self.stream)
         else:
+            row = self.model.logits.view(0, (self.n_vocab,))
             ks.sample(row, self.n_vocab, params.temperature, params.top_k, params.top_p, params.seed,
                       self.model.step, self.token)(self.stream)  # fmt: skip
         memory.memcpy_async(ctypes.addressof(self._ctrl_host) + 8, self.token.ptr, 4, memory.D2H, self.stream)
@@ -250,7 +250,7 @@ class CudaRunner:
         row, chain = self.model.logits.view(0, (self.n_vocab,)), ks.Chain(self.model.ctrl, self._ring_ptr, RING)
 
         def greedy_step() -> list:
-            return self._decode_step([ks.argmax(row, self.n_vocab, self.token, chain)])
+            return self._decode_step([self._argmax(chain)])
 
         key, build, sampler = "decode", self._decode_step, None
         if params.greedy:  # argmax has no parameters: one graph for the whole step, sampler included
@@ -292,8 +292,7 @@ class CudaRunner:
         `token`), its inputs uploaded, nothing run and the position not advanced (engine/tools/profile.py times them
         one by one)."""
         self._stage([token])
-        row = self.model.logits.view(0, (self.n_vocab,))
-        return self._decode_step([ks.argmax(row, self.n_vocab, self.token)])
+        return self._decode_step([self._argmax()])
 
     def batch_launches(self, ids: Sequence[int]) -> list:
         """The launches of one batch forward over ids (one chunk, as forward runs it) at the current position and the
@@ -314,6 +313,11 @@ class CudaRunner:
         """The model and the LM head for one token (and `then`), as programmatic dependent launches
         (driver.programmatic)."""
         return driver.programmatic(self.model.forward(1) + self.model.head_logits(0, 1) + list(then))
+
+    def _argmax(self, chain: ks.Chain | None = None) -> driver.Launch:
+        """Greedy decoding's sampler: the argmax of the step's logits row into the token slot (then the chain's
+        hand-off, if any)."""
+        return ks.argmax(self.model.logits.view(0, (self.n_vocab,)), self.n_vocab, self.token, chain)
 
     def _room(self, n: int) -> None:
         """n more positions fit, and the caches have memory for them (engine/cuda/vmm.py), before anything runs."""
