@@ -8,7 +8,7 @@
         name(const uint8_t* W, long long row_bytes, int R, int K, const float* x, const float* norm_w, float eps,   \
              const float* resid, float* y) {                                                                        \
         pdl::begin();                                                                                               \
-        mvs::matvec_stream<T, NW, NR, NS, MG, I16>(W, row_bytes, R, K, x, norm_w, eps, resid, y);                   \
+        mvs::matvec_stream<T, NW, NR, NS, MG, I16>(W, row_bytes, R, K, x, norm_w, eps, resid, y, nullptr);         \
     }
 
 VARIANT(q6_w4_r16_s4_g8, q::Q6_K, 4, 16, 4, 8, false)

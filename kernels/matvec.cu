@@ -197,17 +197,17 @@ MATVEC3_FORM(matvec3_16_q4_k_q6_k_n1, q::Q4_K, q::Q6_K, true, MATVEC3_16_MIXED_B
 #define MATVEC_STREAM_FORM(name, T, I16)                                                                            \
     extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
         name(const uint8_t* W, long long row_bytes, int R, int K, const float* x, const float* norm_w, float eps,   \
-             const float* resid, float* y) {                                                                        \
+             const float* resid, float* y, unsigned long long* best) {                                              \
         pdl::launch_dependents();                                                                                   \
         mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG, I16>(W, row_bytes, R, K, x, norm_w, eps,\
-                                                                                  resid, y);                        \
+                                                                                  resid, y, best);                  \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(mvs::THREADS)                                                      \
         name##_k1024(const uint8_t* W, long long row_bytes, int R, int K, const float* x, const float* norm_w,      \
-                     float eps, const float* resid, float* y) {                                                     \
+                     float eps, const float* resid, float* y, unsigned long long* best) {                           \
         pdl::launch_dependents();                                                                                   \
         mvs::matvec_stream<T, mvs::WARPS, mvs::ROWS, mvs::STAGES, mvs::MAXG / 2, I16>(W, row_bytes, R, K, x, norm_w,\
-                                                                                      eps, resid, y);               \
+                                                                                      eps, resid, y, best);         \
     }
 #define MATVEC_STREAM(tag, T) MATVEC_STREAM_FORM(matvec_stream_##tag, T, false)
 #define MATVEC_STREAM16(tag, T) MATVEC_STREAM_FORM(matvec_stream16_##tag, T, true)

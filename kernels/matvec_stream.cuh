@@ -12,7 +12,10 @@
 // I16 (q16::HAS types): x times norm_w rounded to 16 bits a group of 8 (quant_i16.cuh) once, before the rows, and
 // each group's dot in integers: 4 __dp2a for 8 products instead of 8 conversions and 8 fma, and 6 registers a group
 // of x instead of 9.
+// best (greedy decoding, else null): each warp's best row as an argmax key (argmax_key.cuh), folded into *best with
+// one atomicMax a warp, so that the argmax after the head reads one slot instead of the whole row of logits.
 #pragma once
+#include "argmax_key.cuh"
 #include "common.cuh"
 #include "pdl.cuh"
 #include "quant.cuh"
@@ -33,7 +36,7 @@ constexpr int PITCH = stage::pitch(32 * MG * 8 / q::Quant<T>::QK * q::Quant<T>::
 template <int T, int NW = WARPS, int NR = ROWS, int NS = STAGES, int MG = MAXG, bool I16 = false>
 __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, long long row_bytes, int R, int K,
                                               const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
-                                              const float* resid, float* y) {
+                                              const float* resid, float* y, unsigned long long* best) {
     constexpr int WARPS = NW, ROWS = NR, STAGES = NS, MAXG = MG;
     __shared__ __align__(16) uint8_t ring[WARPS][STAGES][PITCH<T, MAXG>];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = K >> 3;
@@ -70,6 +73,7 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
     }
     const float s = norm_w ? rsqrtf(cm::warp_sum(ss) / float(K) + eps) : 1.f;
 
+    amk::u64 bk = amk::EMPTY;  // lane 0: the best of this warp's rows so far, with best
     for (int i = 0; i < nr; ++i) {
         const int ahead = i + STAGES - 1;
         if (ahead < nr) stage::span_warp(buf[ahead % STAGES], W + (long long)(r0 + ahead) * row_bytes, nb, lane);
@@ -87,10 +91,13 @@ __device__ __forceinline__ void matvec_stream(const uint8_t* __restrict__ W, lon
         acc = cm::warp_sum(acc);
         if (lane == 0) {
             const int r = r0 + i;
-            y[r] = resid ? resid[r] + s * acc : s * acc;  // resid may be y: this lane alone reads and writes y[r]
+            const float v = resid ? resid[r] + s * acc : s * acc;
+            y[r] = v;  // resid may be y: this lane alone reads and writes y[r]
+            if (best) bk = max(bk, amk::key(v, r));
         }
         __syncwarp();  // every lane is done with buf[i % STAGES] before row i + STAGES is copied there
     }
+    if (best && lane == 0) atomicMax(best, bk);
 }
 
 }  // namespace mvs

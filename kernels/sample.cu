@@ -13,6 +13,7 @@
 // the top and copies the few that top-k / top-p can keep into shared memory, where the selections then run; a
 // plain temperature draw reads the logits once more (per-warp, id-ordered masses) and rescans one 128-id stretch.
 // p is computed as exp2((x - max x) * log2(e) / T): within a few ulps of numpy's exp(x / T - max z).
+#include "argmax_key.cuh"
 #include "pdl.cuh"
 #include "sample_block.cuh"
 
@@ -236,6 +237,17 @@ argmax_f32(const float* __restrict__ logits, int V, int* out, int* chain, int* r
     __shared__ int ired[32];
     const int a = block_argmax(logits, V, fred, ired);
     if (threadIdx.x == 0) *out = a, hand_off(a, chain, ring, ring_len);
+}
+
+// out[0] = the id of the argmax key an LM head folded into *best (matvec_stream.cuh), -1 for a NaN or infinite
+// logit, as argmax_f32 over its logits would; *best = 0 for the next head. Then the hand-off. Block 32, grid 1.
+extern "C" __global__ void __launch_bounds__(32)
+argmax_key(unsigned long long* best, int* out, int* chain, int* ring, int ring_len) {
+    pdl::begin();
+    if (threadIdx.x != 0) return;
+    const int a = amk::id(*best);
+    *best = amk::EMPTY;
+    *out = a, hand_off(a, chain, ring, ring_len);
 }
 
 // engine.sampling.sample on the device (out[0] = -1 if any logit is NaN or infinite), then *step += 1. Block 1024,

@@ -82,6 +82,13 @@ def stream_i16() -> bool:
     return os.environ.get("REFLEX_STREAM_I16", "1") != "0"
 
 
+def head_argmax() -> bool:
+    """Whether a greedy decode step's argmax is folded into its LM head where the head takes matvec_stream (each warp
+    atomicMax-es its rows' argmax key into one slot, kernels/argmax_key.cuh, and one thread reads it) rather than a
+    block reading the whole row of logits back (sample.cu's argmax_f32; REFLEX_HEAD_ARGMAX=0, for comparisons)."""
+    return os.environ.get("REFLEX_HEAD_ARGMAX", "0") != "0"
+
+
 # The MoE FFN of n tokens, k experts a token: up to MOE_MATVEC_ITEMS routed items (n x k) go through the decode expert
 # kernels (engine/models/moe_cuda.py, _small: a block a row block of one item's expert, an expert's rows read once
 # per item that chose it, from L2 after the first), past it through the grouped GEMM over the rows sorted by expert,

@@ -82,6 +82,7 @@ def matvec(
     eps: float = 0.0,
     resid: DeviceArray | None = None,  # (n, R) f4, may be y itself
     stream: bool | None = None,  # matvec_stream (n = 1, K <= 2048, STREAM_TYPES); None: dispatch.use_stream decides
+    best: DeviceArray | None = None,  # (1,) u8 holding 0: matvec_stream folds y's argmax key in (k_sample.argmax_key)
 ) -> Launch:
     big_n = _bucket(n, w.ggml_type)
     need_aligned_weight(w)
@@ -93,6 +94,10 @@ def matvec(
         need(resid, "resid", "f4", n * w.rows)
     if stream is None:
         stream = w.ggml_type in STREAM_TYPES and dispatch.use_stream(w.rows, w.cols, n)
+    if best is not None:
+        need(best, "best", "u8", 1)
+        if not stream:
+            raise CudaError("only matvec_stream folds an argmax key (best)")
     if stream:
         if w.ggml_type not in STREAM_TYPES or n != 1 or w.cols > dispatch.STREAM_MAX_K:
             raise CudaError(f"matvec_stream takes 1 token, K <= {dispatch.STREAM_MAX_K}, a quantized common type")
@@ -101,7 +106,7 @@ def matvec(
         form = "stream16" if w.ggml_type in STREAM16_TYPES and dispatch.stream_i16() else "stream"
         fn = driver.module("matvec").fn(f"matvec_{form}_{w.tag}{suffix}")
         args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), ptr(norm_w), f32(eps), ptr(resid),
-                ptr(y)]  # fmt: skip
+                ptr(y), ptr(best)]  # fmt: skip
         return Launch(fn, (_blocks(w.rows, STREAM_ROWS_PER_BLOCK),), (STREAM_THREADS,), args)
     fn = driver.module("matvec").fn(f"matvec{_i16(big_n, [w.ggml_type])}_{w.tag}_n{big_n}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),

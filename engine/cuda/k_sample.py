@@ -48,6 +48,16 @@ def argmax(logits: DeviceArray, V: int, out: DeviceArray, chain: Chain | None = 
     return Launch(driver.module("sample").fn("argmax_f32"), (1,), (1024,), args)
 
 
+def argmax_key(best: DeviceArray, out: DeviceArray, chain: Chain | None = None) -> Launch:
+    """argmax's answer for a row of logits whose LM head folded its argmax key into best (k_matvec.matvec's `best`:
+    the same id, -1 likewise), then best = 0 for the next head, and the chain's hand-off, if any; best (1,) u8, out
+    (1,) i32. Kernel argmax_key."""
+    need(best, "best", "u8", 1)
+    need(out, "out", "i4", 1)
+    args = [ptr(best), ptr(out)] + (_LONE if chain is None else chain.args())
+    return Launch(driver.module("sample").fn("argmax_key"), (1,), (32,), args)
+
+
 def sample(logits: DeviceArray, V: int, temperature: float, top_k: int, top_p: float, seed: int, step: DeviceArray,
            out: DeviceArray, chain: Chain | None = None) -> Launch:  # fmt: skip
     """engine.sampling.sample(logits[:V], params, *step) into out (1,) i32, then *step += 1 (step (1,) i32) and

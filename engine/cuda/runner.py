@@ -20,7 +20,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
-from engine.cuda import driver, memory, vmm
+from engine.cuda import dispatch, driver, memory, vmm
 from engine.cuda import k_sample as ks
 from engine.cuda.memory import DeviceArray
 from engine.errors import ContextOverflow, CudaError, NonFiniteLogits, UnsupportedArchitecture, env_int
@@ -63,6 +63,7 @@ class CudaRunner:
         self._ahead = False
         self.vocab_ids = DeviceArray.empty((b,), "i4")  # (b,) i32 gathered LM-head rows
         self.gathered = DeviceArray.empty((b,), "f4")  # (b,) f32 gathered logits
+        self._best: DeviceArray | None = None  # (1,) u8 the LM head's argmax key (_greedy_step), 0 between steps
         self.token = model.ctrl.view(2, (1,))  # the sampler's output
 
     def __del__(self) -> None:
@@ -250,7 +251,7 @@ class CudaRunner:
         row, chain = self.model.logits.view(0, (self.n_vocab,)), ks.Chain(self.model.ctrl, self._ring_ptr, RING)
 
         def greedy_step() -> list:
-            return self._decode_step([self._argmax(chain)])
+            return self._greedy_step(chain)
 
         key, build, sampler = "decode", self._decode_step, None
         if params.greedy:  # argmax has no parameters: one graph for the whole step, sampler included
@@ -292,7 +293,7 @@ class CudaRunner:
         `token`), its inputs uploaded, nothing run and the position not advanced (engine/tools/profile.py times them
         one by one)."""
         self._stage([token])
-        return self._decode_step([self._argmax()])
+        return self._greedy_step()
 
     def batch_launches(self, ids: Sequence[int]) -> list:
         """The launches of one batch forward over ids (one chunk, as forward runs it) at the current position and the
@@ -313,6 +314,21 @@ class CudaRunner:
         """The model and the LM head for one token (and `then`), as programmatic dependent launches
         (driver.programmatic)."""
         return driver.programmatic(self.model.forward(1) + self.model.head_logits(0, 1) + list(then))
+
+    def _greedy_step(self, chain: ks.Chain | None = None) -> list:
+        """A greedy decode step: the model, the LM head and the argmax (folded into the head where it takes one:
+        model.head_argmax), then the chain's hand-off, if any."""
+        head = self.model.head_argmax(0, self._key_slot()) if dispatch.head_argmax() else None
+        if head is None:
+            return self._decode_step([self._argmax(chain)])
+        return driver.programmatic(self.model.forward(1) + head + [ks.argmax_key(self._best, self.token, chain)])
+
+    def _key_slot(self) -> DeviceArray:
+        """The folded argmax's slot, made (and cleared, on the stream) on first use."""
+        if self._best is None:
+            self._best = DeviceArray.empty((1,), "u8")
+            memory.memset_async(self._best.ptr, 0, self._best.nbytes, self.stream)
+        return self._best
 
     def _argmax(self, chain: ks.Chain | None = None) -> driver.Launch:
         """Greedy decoding's sampler: the argmax of the step's logits row into the token slot (then the chain's

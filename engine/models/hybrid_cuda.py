@@ -62,6 +62,7 @@ def _identity(d: int) -> DeviceArray:
 class CudaModel:
     # The LM head is the dense family's: the same buffers (x, normed, logits) and weights (output, output_norm).
     head_logits = dense_cuda.CudaModel.head_logits
+    head_argmax = dense_cuda.CudaModel.head_argmax
     head_gather = dense_cuda.CudaModel.head_gather
     # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one (the MoE FFN's
     # router, experts and shared expert: engine/models/moe_cuda.py).

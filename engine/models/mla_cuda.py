@@ -56,6 +56,7 @@ def kq_scale(cfg: ModelConfig) -> float:
 class CudaModel:
     # The LM head is the dense family's: the same buffers (x, normed, logits) and weights (output, output_norm).
     head_logits = dense_cuda.CudaModel.head_logits
+    head_argmax = dense_cuda.CudaModel.head_argmax
     head_gather = dense_cuda.CudaModel.head_gather
     # Matmuls with their LoRA updates (two extra launches each), and the matrices that may carry one: not the
     # per-head attn_k_b / attn_v_b (not adaptable: engine/lora.py); the MoE FFN's: engine/models/moe_cuda.py.
