@@ -119,11 +119,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 namespace {
 
 constexpr int RAW_K = 256, PIPE_STAGES = 3;
-// Warps a block (Acc): 4, or 8 (an A/B form, -DPIPE_WARPS=8): the same tile and the same bits, each warp on half the
-// tokens, the dequantizing spread over twice the threads. Nsight Compute found the 4-warp tile latency-bound with
-// 1-2 warps a scheduler (gemm_tc_tile.cuh, mma_stage). k_gemm_tc launches the block the kernel was built for.
+// Warps a block (Acc): 8, or 4 (the compared form, -DPIPE_WARPS=4): the same tile and the same bits, each warp on 32
+// of the 128 tokens, the dequantizing spread over 256 threads. Nsight Compute found the 4-warp tile latency-bound
+// with 1-2 warps a scheduler (gemm_tc_tile.cuh, mma_stage). On an H100 (2026-12-05, the Qwen3-0.6B-shaped Q4_K_M
+// model, two rounds, bench/results/2026-12-05-h100-session29.md): the 512-token prefill step 9.84 / 9.82 -> 9.08 /
+// 9.12 ms (gemm_pipe_q4_k 6.13 -> 5.60 ms a step), engine bench pp512 52.8k / 52.6k -> 56.5k / 57.0k tok/s; a test
+// seed that put 4 warps 2.11e-5 from gemm (GEMM_SEED=4320895936405422633) put 8 there too, to the digit.
+// k_gemm_tc launches the block the kernel was built for.
 #ifndef PIPE_WARPS
-#define PIPE_WARPS 4
+#define PIPE_WARPS 8
 #endif
 constexpr int PIPE_THREADS = 32 * PIPE_WARPS;
 constexpr int CHUNKS = RAW_K / BK;  // stages a raw slice serves
@@ -245,8 +249,8 @@ __device__ __forceinline__ void pipe_tile(const uint8_t* W0, const uint8_t* W1, 
 }  // namespace
 
 // C[n, R] = A . W0^T (+ resid), or with pair: silu(A . W0^T) * (A . W1^T) (W1 of W0's type and shape), W0 / W1 GGUF
-// rows of type t. grid (ceil(R / 64) or, a pair, ceil(R / 32), ceil(n / 128), S), block PIPE_THREADS (128, or 256
-// built with -DPIPE_WARPS=8; the kernel's maxThreadsPerBlock says which), dynamic shared memory
+// rows of type t. grid (ceil(R / 64) or, a pair, ceil(R / 32), ceil(n / 128), S), block PIPE_THREADS (256, or 128
+// built with -DPIPE_WARPS=4; the kernel's maxThreadsPerBlock says which), dynamic shared memory
 // pipe_smem_bytes<T>() (k_gemm_tc.pipe_smem). S > 1 splits K into spans of whole RAW_K slices (whole blocks) and of
 // BK stages, summed as gemm_dense's.
 // A 256-token tile (8 warps a block, each weight tile dequantized once for twice the tokens, 136-164 KiB of shared

@@ -18,7 +18,7 @@ __device__ __forceinline__ uint32_t tf32_rna(uint32_t bits) {
 }
 __device__ __forceinline__ float tf32_round(float v) { return __uint_as_float(tf32_rna(__float_as_uint(v))); }
 
-// The tile. Block: 128 threads (4 warps; gemm_pipe's PIPE_WARPS may make it 8: Acc), tile BM = 128 tokens x BN = 64
+// The tile. Block: 128 threads (4 warps; gemm_pipe's PIPE_WARPS makes it 8: Acc), tile BM = 128 tokens x BN = 64
 // weight (or slab) rows, K in stages of BK = 32 values, NSTAGE stages in flight (gemm_dense; gemm_pipe keeps
 // PIPE_STAGES of A). With 4 warps, warp (wm, wn) = (warp / 2, warp % 2) computes tokens 64 wm + [0, 64) x rows
 // 32 wn + [0, 32): 4 x 4 m16n8k8 tiles, 64 accumulators a thread.

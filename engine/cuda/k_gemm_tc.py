@@ -21,7 +21,7 @@ SMEM = 4 * STAGES * (TOKENS + TILE) * 36  # the stages' A and W tiles in rows of
 STATIC_SMEM = 128  # the kernel's own (its ticket), beside SMEM in a block's share
 DEQUANT_GROUPS = 256  # 8-value groups of the slab one dequant_tf32 block writes
 PIPE_STAGES, RAW_K = 3, 256  # gemm_pipe: A's ring; K values of a raw slice of weight rows (whole blocks)
-PIPE_THREADS = (128, 256)  # gemm_pipe's blocks: 4 warps (the build's default) or 8 (-DPIPE_WARPS=8)
+PIPE_THREADS = (256, 128)  # gemm_pipe's blocks: 8 warps (the build's default, first) or 4 (-DPIPE_WARPS=4)
 
 
 def gemm_dense(
@@ -114,7 +114,7 @@ def gemm_pipe(
 
 
 def pipe_threads(fn) -> int:
-    """gemm_pipe's block: the threads its kernel was built for (kernels/gemm_tc.cu's PIPE_WARPS: 4 warps, or 8 in
+    """gemm_pipe's block: the threads its kernel was built for (kernels/gemm_tc.cu's PIPE_WARPS: 8 warps, or 4 in
     that A/B form), read from the kernel so that a rebuilt module needs no other change."""
     threads = driver.block_limit(fn)
     if threads not in PIPE_THREADS:
