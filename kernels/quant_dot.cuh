@@ -22,50 +22,67 @@ __device__ __forceinline__ float byte_f(uint32_t v, int i, float bias) {
     return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u | i)) - (8388608.0f + bias);
 }
 
+// The split form's raw material: the group's 8 small integers as bytes (values 0-3 in v0, 4-7 in v1, each q_k + BIAS
+// as a byte), its scale d and offset m.
 template <int T>
-__device__ __forceinline__ void split8(const uint8_t* row, int g, float (&qv)[8], float& d, float& m);
+struct Split;
 
 // Q4_K (layout: quant.cuh): q = the nibble, d = d * sc, m = dmin * min of the sub-block.
 template <>
-__device__ __forceinline__ void split8<Q4_K>(const uint8_t* row, int g, float (&qv)[8], float& d, float& m) {
-    const uint8_t* b = row + (g >> 5) * Quant<Q4_K>::BYTES;
-    const int gi = g & 31, c = gi >> 3, sub = (gi >> 2) & 1, l0 = (gi & 3) * 8;
-    float sc, mn;
-    scale_min_k4(b + 4, 2 * c + sub, sc, mn);
-    d = h2f(b) * sc;
-    m = h2f(b + 2) * mn;
-    const uint2 w = *reinterpret_cast<const uint2*>(b + 16 + 32 * c + l0);
-    const uint32_t lo = (w.x >> (4 * sub)) & 0x0F0F0F0Fu, hi = (w.y >> (4 * sub)) & 0x0F0F0F0Fu;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) qv[i] = byte_f(lo, i, 0.0f), qv[4 + i] = byte_f(hi, i, 0.0f);
-}
+struct Split<Q4_K> {
+    static constexpr float BIAS = 0.0f;
+    __device__ static __forceinline__ void bytes8(const uint8_t* row, int g, uint32_t& v0, uint32_t& v1, float& d,
+                                                  float& m) {
+        const uint8_t* b = row + (g >> 5) * Quant<Q4_K>::BYTES;
+        const int gi = g & 31, c = gi >> 3, sub = (gi >> 2) & 1, l0 = (gi & 3) * 8;
+        float sc, mn;
+        scale_min_k4(b + 4, 2 * c + sub, sc, mn);
+        d = h2f(b) * sc;
+        m = h2f(b + 2) * mn;
+        const uint2 w = *reinterpret_cast<const uint2*>(b + 16 + 32 * c + l0);
+        v0 = (w.x >> (4 * sub)) & 0x0F0F0F0Fu, v1 = (w.y >> (4 * sub)) & 0x0F0F0F0Fu;
+    }
+};
 
 // Q6_K: q = (4 low bits | 2 high bits << 4) - 32, d = d * the 16-value scale, m = 0.
 template <>
-__device__ __forceinline__ void split8<Q6_K>(const uint8_t* row, int g, float (&qv)[8], float& d, float& m) {
-    const uint8_t* b = row + (g >> 5) * Quant<Q6_K>::BYTES;
-    const int gi = g & 31, n = gi >> 4, t = (gi >> 2) & 3, l0 = (gi & 3) * 8;
-    const uint8_t* ql = b + 64 * n + 32 * (t & 1) + l0;
-    const uint8_t* qh = b + 128 + 32 * n + l0;
-    d = h2f(b + 208) * float(int8_t(b[192 + 8 * n + 2 * t + (l0 >> 4)]));
-    m = 0.0f;
-    const int lshift = 4 * (t >> 1), hshift = 2 * t;
-    const uint32_t v0 = ((u16x2(ql) >> lshift) & 0x0F0F0F0Fu) | (((u16x2(qh) >> hshift) & 0x03030303u) << 4);
-    const uint32_t v1 = ((u16x2(ql + 4) >> lshift) & 0x0F0F0F0Fu) | (((u16x2(qh + 4) >> hshift) & 0x03030303u) << 4);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) qv[i] = byte_f(v0, i, 32.0f), qv[4 + i] = byte_f(v1, i, 32.0f);
-}
+struct Split<Q6_K> {
+    static constexpr float BIAS = 32.0f;
+    __device__ static __forceinline__ void bytes8(const uint8_t* row, int g, uint32_t& v0, uint32_t& v1, float& d,
+                                                  float& m) {
+        const uint8_t* b = row + (g >> 5) * Quant<Q6_K>::BYTES;
+        const int gi = g & 31, n = gi >> 4, t = (gi >> 2) & 3, l0 = (gi & 3) * 8;
+        const uint8_t* ql = b + 64 * n + 32 * (t & 1) + l0;
+        const uint8_t* qh = b + 128 + 32 * n + l0;
+        d = h2f(b + 208) * float(int8_t(b[192 + 8 * n + 2 * t + (l0 >> 4)]));
+        m = 0.0f;
+        const int lshift = 4 * (t >> 1), hshift = 2 * t;
+        v0 = ((u16x2(ql) >> lshift) & 0x0F0F0F0Fu) | (((u16x2(qh) >> hshift) & 0x03030303u) << 4);
+        v1 = ((u16x2(ql + 4) >> lshift) & 0x0F0F0F0Fu) | (((u16x2(qh + 4) >> hshift) & 0x03030303u) << 4);
+    }
+};
 
 // Q8_0: q = the int8 (its byte xor 0x80 is q + 128), d = the block's scale, m = 0.
 template <>
-__device__ __forceinline__ void split8<Q8_0>(const uint8_t* row, int g, float (&qv)[8], float& d, float& m) {
-    const uint8_t* b = row + (g >> 2) * Quant<Q8_0>::BYTES;
-    d = h2f(b);
-    m = 0.0f;
-    const uint8_t* qs = b + 2 + 8 * (g & 3);
-    const uint32_t v0 = u16x2(qs) ^ 0x80808080u, v1 = u16x2(qs + 4) ^ 0x80808080u;
+struct Split<Q8_0> {
+    static constexpr float BIAS = 128.0f;
+    __device__ static __forceinline__ void bytes8(const uint8_t* row, int g, uint32_t& v0, uint32_t& v1, float& d,
+                                                  float& m) {
+        const uint8_t* b = row + (g >> 2) * Quant<Q8_0>::BYTES;
+        d = h2f(b);
+        m = 0.0f;
+        const uint8_t* qs = b + 2 + 8 * (g & 3);
+        v0 = u16x2(qs) ^ 0x80808080u, v1 = u16x2(qs + 4) ^ 0x80808080u;
+    }
+};
+
+// The group's q_k as floats, with d and m.
+template <int T>
+__device__ __forceinline__ void split8(const uint8_t* row, int g, float (&qv)[8], float& d, float& m) {
+    uint32_t v0, v1;
+    Split<T>::bytes8(row, g, v0, v1, d, m);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) qv[i] = byte_f(v0, i, 128.0f), qv[4 + i] = byte_f(v1, i, 128.0f);
+    for (int i = 0; i < 4; ++i) qv[i] = byte_f(v0, i, Split<T>::BIAS), qv[4 + i] = byte_f(v1, i, Split<T>::BIAS);
 }
 
 // xs[t] = sum of xv[t]'s 8 values, in a fixed order, where dot8_acc reads it (SPLIT_MIN<T>); 0 otherwise.

@@ -30,9 +30,12 @@
 // Weight rows of at most STAGE_MAX_K values are staged through shared memory first (stage.cuh; matvec_block.cuh's
 // reasons), longer ones are read from global memory directly. Rows past R re-read row R - 1 and tokens past n token
 // n - 1; neither is written.
+#include <type_traits>
+
 #include "common.cuh"
 #include "pdl.cuh"
 #include "quant.cuh"
+#include "quant_dot.cuh"
 #include "stage.cuh"
 #include "tf32.cuh"
 
@@ -143,6 +146,32 @@ __device__ __forceinline__ void split_step(const float (&x0)[8], const float (&x
     split_tf32(x1[2 * s + 1], ah[3], al[3]);
 }
 
+// The f16 form's scales of a chunk: (down, up) = pow2_scale of the largest |x| of each token's 32 values (held by the
+// quad, lanes 4g .. 4g + 3), tokens g (x0) and g + 8 (x1).
+__device__ __forceinline__ void chunk_scales(const float (&x0)[8], const float (&x1)[8], float& down0, float& up0,
+                                             float& down1, float& up1) {
+    float am0 = 0.f, am1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) am0 = fmaxf(am0, fabsf(x0[i])), am1 = fmaxf(am1, fabsf(x1[i]));
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+        am0 = fmaxf(am0, __shfl_xor_sync(cm::FULL, am0, o));
+        am1 = fmaxf(am1, __shfl_xor_sync(cm::FULL, am1, o));
+    }
+    pow2_scale(am0, down0, up0);
+    pow2_scale(am1, down1, up1);
+}
+
+// An f16 step's A operand (k16 step s: values 4s + {0,1} in slots 2q + {0,1}, 4s + {2,3} in 2q + {8,9}), x scaled
+// down and split into halves.
+__device__ __forceinline__ void split_step_f16(const float (&x0)[8], const float (&x1)[8], int s, float down0,
+                                               float down1, uint32_t (&ah)[4], uint32_t (&al)[4]) {
+    split2(x0[4 * s] * down0, x0[4 * s + 1] * down0, ah[0], al[0]);
+    split2(x1[4 * s] * down1, x1[4 * s + 1] * down1, ah[1], al[1]);
+    split2(x0[4 * s + 2] * down0, x0[4 * s + 3] * down0, ah[2], al[2]);
+    split2(x1[4 * s + 2] * down1, x1[4 * s + 3] * down1, ah[3], al[3]);
+}
+
 // TCMV_X3 = 0 (an A/B form, compile time): one mma a product on the hi halves alone (operands rounded to tf32, or to
 // f16 after the power-of-two scale: the prefill GEMM's precision, for quantized weights only as it is), the lo halves
 // never made. It trades the float32-level agreement with the matvec (tests/test_cuda_tc_matvec.py) for a third of
@@ -177,25 +206,13 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
             }
         }
     } else {
-        float am0 = 0.f, am1 = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) am0 = fmaxf(am0, fabsf(x0[i])), am1 = fmaxf(am1, fabsf(x1[i]));
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1) {  // the quad (lanes 4g .. 4g + 3) holds the chunk's 32 values of both tokens
-            am0 = fmaxf(am0, __shfl_xor_sync(cm::FULL, am0, o));
-            am1 = fmaxf(am1, __shfl_xor_sync(cm::FULL, am1, o));
-        }
         float down0, up0, down1, up1;
-        pow2_scale(am0, down0, up0);
-        pow2_scale(am1, down1, up1);
+        chunk_scales(x0, x1, down0, up0, down1, up1);
         float hh[F][4] = {}, side[F][4] = {};  // hi.hi; hi.lo + lo.hi (times 2^11)
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {  // step s: values 4s + {0,1} in slots 2q + {0,1}, 4s + {2,3} in 2q + {8,9}
+        for (int s = 0; s < 2; ++s) {
             uint32_t ah[4], al[4];
-            split2(x0[4 * s] * down0, x0[4 * s + 1] * down0, ah[0], al[0]);
-            split2(x1[4 * s] * down1, x1[4 * s + 1] * down1, ah[1], al[1]);
-            split2(x0[4 * s + 2] * down0, x0[4 * s + 3] * down0, ah[2], al[2]);
-            split2(x1[4 * s + 2] * down1, x1[4 * s + 3] * down1, ah[3], al[3]);
+            split_step_f16(x0, x1, s, down0, down1, ah, al);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
                 mma(hh[f], ah, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
@@ -213,6 +230,118 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
             acc[f][3] = fmaf(up1, fmaf(side[f][3], LO_DOWN, hh[f][3]), acc[f][3]);
         }
     }
+}
+
+// TCMV_INT = 1 (an A/B form, compile time): the types whose scale and offset hold for a whole 32-value chunk (INT_W:
+// Q4_K, Q8_0) go through the mma as their small integers, exact in tf32 and f16, against x in the same halves as
+// the three-mma form's; each chunk's sums then take their row's scale and offset (quant_dot.cuh's split form, once a
+// chunk instead of once a value). Two mma a step instead of three (x's hi and lo against the integers), and no
+// weight scaled or split per value; float32-level agreement as the three-mma form (exact products, x to ~21 bits).
+#ifndef TCMV_INT
+#define TCMV_INT 0
+#endif
+template <int T>
+constexpr bool INT_W = TCMV_INT && (T == q::Q4_K || T == q::Q8_0);
+
+// One 8-row fragment's share of a chunk as integers (INT_W): this lane's 8 q_k of row g in the mma's form (TF: each
+// as a float, exact in tf32; else f16 pairs, values 2i and 2i + 1 in q[i]), and row g's scale and offset.
+template <bool TF>
+struct IntFrag {
+    static constexpr int N = TF ? 8 : 4;
+    uint32_t q[N];
+    float d, m;
+};
+
+template <int T, bool TF>
+__device__ __forceinline__ void make_int_frag(const uint8_t* row, int g, IntFrag<TF>& f) {
+    uint32_t v[2];
+    q::Split<T>::bytes8(row, g, v[0], v[1], f.d, f.m);
+    if constexpr (TF) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f.q[i] = __float_as_uint(q::byte_f(v[i >> 2], i & 3, q::Split<T>::BIAS));
+    } else {  // a byte b under 0x64 is the f16 1024 + b exactly: two bytes into two halves, then 1024 + bias off both
+        const __half2 off = __float2half2_rn(1024.0f + q::Split<T>::BIAS);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t p = __byte_perm(v[i >> 1], 0x64646464u, (i & 1) ? 0x4342u : 0x4140u);
+            const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&p), off);
+            f.q[i] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+    }
+}
+
+// tile_chunk for IntFrag fragments: acc[f][..] += d_row * sum(q . x) - m_row * sum(x) over the chunk, rows 2q and
+// 2q + 1 of fragment f (their d and m from the lanes that decoded them: quads 2q and 2q + 1). x goes in as the same
+// halves as tile_chunk's (TF: tf32 hi and lo, into one sum; else the f16 form's scaled halves). MIN: the type has
+// offsets (q::SPLIT_MIN), so the chunk's x sums are needed.
+template <int F, bool TF, bool MIN>
+__device__ __forceinline__ void tile_chunk_int(const float (&x0)[8], const float (&x1)[8], const IntFrag<TF> (&b)[F],
+                                               float (&acc)[F][4]) {
+    float sum[F][4] = {};  // the chunk's q . x: token g at rows 2q, 2q + 1, then token g + 8
+    if constexpr (TF) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {  // step s (k8): slot q holds value 2s, slot q + 4 value 2s + 1 of the lane's 8
+            uint32_t ah[4], al[4];
+            split_step(x0, x1, s, ah, al);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                mma_tf32(sum[f], al, b[f].q[2 * s], b[f].q[2 * s + 1]);
+                mma_tf32(sum[f], ah, b[f].q[2 * s], b[f].q[2 * s + 1]);
+            }
+        }
+    } else {
+        float down0, up0, down1, up1;
+        chunk_scales(x0, x1, down0, up0, down1, up1);
+        float hi[F][4] = {}, lo[F][4] = {};  // x's hi halves; its lo halves (times 2^11)
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            uint32_t ah[4], al[4];
+            split_step_f16(x0, x1, s, down0, down1, ah, al);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                mma(hi[f], ah, b[f].q[2 * s], b[f].q[2 * s + 1]);
+                mma(lo[f], al, b[f].q[2 * s], b[f].q[2 * s + 1]);
+            }
+        }
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) sum[f][j] = (j < 2 ? up0 : up1) * fmaf(lo[f][j], LO_DOWN, hi[f][j]);
+    }
+    float xs0 = 0.f, xs1 = 0.f;
+    if constexpr (MIN) {
+        xs0 = quad_sum(((x0[0] + x0[1]) + (x0[2] + x0[3])) + ((x0[4] + x0[5]) + (x0[6] + x0[7])));
+        xs1 = quad_sum(((x1[0] + x1[1]) + (x1[2] + x1[3])) + ((x1[4] + x1[5]) + (x1[6] + x1[7])));
+    }
+    const int src = 8 * (threadIdx.x & 3);  // lane 4 (2q): row 2q's first lane; row 2q + 1's is 4 on
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+        const float d0 = __shfl_sync(cm::FULL, b[f].d, src), d1 = __shfl_sync(cm::FULL, b[f].d, src + 4);
+        if constexpr (MIN) {
+            const float m0 = __shfl_sync(cm::FULL, b[f].m, src), m1 = __shfl_sync(cm::FULL, b[f].m, src + 4);
+            acc[f][0] += fmaf(d0, sum[f][0], -m0 * xs0), acc[f][1] += fmaf(d1, sum[f][1], -m1 * xs0);
+            acc[f][2] += fmaf(d0, sum[f][2], -m0 * xs1), acc[f][3] += fmaf(d1, sum[f][3], -m1 * xs1);
+        } else {
+            acc[f][0] = fmaf(d0, sum[f][0], acc[f][0]), acc[f][1] = fmaf(d1, sum[f][1], acc[f][1]);
+            acc[f][2] = fmaf(d0, sum[f][2], acc[f][2]), acc[f][3] = fmaf(d1, sum[f][3], acc[f][3]);
+        }
+    }
+}
+
+// A fragment of type T as tcmv_block's chunk loop holds it (IntFrag where INT_W), loaded from row's group g.
+template <int T, int MT, int F>
+using FragOf = typename std::conditional<INT_W<T>, IntFrag<TF32<MT, F>>, Frag<TF32<MT, F>>>::type;
+
+template <int T, bool TF>
+__device__ __forceinline__ void load_frag(const uint8_t* row, int g, Frag<TF>& f) {
+    float w[8];
+    q::Quant<T>::load8(row, g, w);
+    make_frag(w, f);
+}
+
+template <int T, bool TF>
+__device__ __forceinline__ void load_frag(const uint8_t* row, int g, IntFrag<TF>& f) {
+    make_int_frag<T, TF>(row, g, f);
 }
 
 // Matrices a warp computes: all NM when JOIN (one split of x serves both SwiGLU matrices), else one (teams of warps).
@@ -268,13 +397,9 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     // scripts/bench_small_batch.py, a Qwen3-0.6B layer: n = 16 47.4 -> 47.0 us, n = 32 67.1 -> 70.2).
     for (int c = slice; c < chunks; c += TEAM) {
         const int k = 32 * c + 8 * qd;  // this lane's 8 values of the chunk
-        Frag<TF32<MT, F>> b[F];
+        FragOf<T, MT, F> b[F];
 #pragma unroll
-        for (int f = 0; f < F; ++f) {
-            float w[8];
-            q::Quant<T>::load8(row[f], k >> 3, w);
-            make_frag(w, b[f]);
-        }
+        for (int f = 0; f < F; ++f) load_frag<T>(row[f], k >> 3, b[f]);
         float nw[8];
         if (norm_w) load8(norm_w + k, nw);
 #pragma unroll
@@ -291,7 +416,8 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
                     x1[i] *= nw[i];
                 }
             }
-            tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m]);
+            if constexpr (INT_W<T>) tile_chunk_int<F, TF32<MT, F>, q::SPLIT_MIN<T>>(x0, x1, b, acc[m]);
+            else tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m]);
         }
     }
 
