@@ -179,8 +179,8 @@ __device__ __forceinline__ void split_step_f16(const float (&x0)[8], const float
 // bench/results/2026-12-05-h100-session29.md): the Qwen3-0.6B shape's 13-token step 1.310 / 1.297 -> 1.115 / 1.105 ms,
 // 32 tokens 1.851 / 1.855 -> 1.634 / 1.626, engine bench pp16 12.8k / 13.0k -> 15.1k / 14.8k tok/s; the model tests
 // pass, and scripts/conformance_report.py puts the quantized fixtures 1.8e-3 .. 5.6e-3 from exact math (3e-6 ..
-// 6.6e-5 with three mma; llama.cpp 7e-2 .. 8.5e-1). Not the default: DESIGN.md §7 wants a float32-accumulating path
-// near 1e-3, and the three-mma form is that at 3e-6; taking it is a product decision (a tf32 switch), not a kernel's.
+// 6.6e-5 with three mma; llama.cpp 7e-2 .. 8.5e-1). Not the default: docs/design.md §7 wants a float32-accumulating
+// path near 1e-3, and the three-mma form is that at 3e-6; taking it is a product decision (a tf32 switch).
 #ifndef TCMV_X3
 #define TCMV_X3 1
 #endif

@@ -373,7 +373,7 @@ def test_every_one_token_matvec_streamed_matches_the_cpu_backend(name: str, monk
     well as the LM head, whose fixtures are too small for the real rule) takes matvec_stream: a model's decode steps
     still match the CPU backend as closely as the block matvec's do (1e-4 of the largest logit). The other 1-token
     kernels take their float forms here (REFLEX_MATVEC_I16=0): their 16-bit forms round x (tests above), and the
-    model tests hold them to DESIGN.md's quantized-file tolerance against llama.cpp's fixtures instead."""
+    model tests hold them to docs/design.md's quantized-file tolerance against llama.cpp's fixtures instead."""
     from engine.engine import Engine
     from tests import conformance
 

@@ -1,7 +1,7 @@
-"""deepseek2 (MLA) on the CUDA backend end to end: the llama.cpp fixtures (DESIGN.md §7, the quantized bound measured
-per prompt), agreement with the NumPy backend, decode graphs against direct launches, synthetic files the fixtures do
-not cover (q-LoRA, YaRN, sigmoid routing with groups; an all-dense one for the attention alone; a qwen3 file with
-YaRN) against the NumPy backend, and decode speed with DeepSeek-V2-Lite attention shapes."""
+"""deepseek2 (MLA) on the CUDA backend end to end: the llama.cpp fixtures (docs/design.md §7, the quantized bound
+measured per prompt), agreement with the NumPy backend, decode graphs against direct launches, synthetic files the
+fixtures do not cover (q-LoRA, YaRN, sigmoid routing with groups; an all-dense one for the attention alone; a qwen3
+file with YaRN) against the NumPy backend, and decode speed with DeepSeek-V2-Lite attention shapes."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_fixture_conformance(pair):
 
 def test_cuda_matches_cpu_backend(pair):
     """Every row and decode step against the NumPy backend: the batched path (GEMM, causal attention over 100
-    tokens), 8-token matvec passes and single-token decode. Quantized GEMMs run in TF32 (DESIGN.md §7 holds the
+    tokens), 8-token matvec passes and single-token decode. Quantized GEMMs run in TF32 (docs/design.md §7 holds the
     fixture test to its bound), so for Q8_0 only the float32 matvec paths are compared this tightly."""
     name, cuda, cpu = pair
     ids = cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n")

@@ -1,4 +1,4 @@
-"""MoE models on the CUDA backend end to end: the qwen3moe llama.cpp fixtures (DESIGN.md §7, the quantized bound
+"""MoE models on the CUDA backend end to end: the qwen3moe llama.cpp fixtures (docs/design.md §7, the quantized bound
 measured per prompt), agreement with the NumPy backend, decode graphs against direct launches, a Mixtral-style llama
 file against the NumPy backend, and decode speed (tiny fixture; Qwen3-30B-A3B expert shapes over 2 layers)."""
 
@@ -74,9 +74,9 @@ def test_fixture_conformance(pair):
 def test_cuda_matches_cpu_backend(pair):
     """Every row and decode step against the NumPy backend. The batched path runs quantized experts through TF32
     tensor cores, whose error can flip a near-tied expert choice, so there only the F32 file is held to 1e-4 (the
-    fixture test holds the quantized one to DESIGN.md §7); small batches and decode are float32 math for both. With
-    2 experts a token, batches up to 64 tokens take the decode expert kernels (dispatch.moe_matvec_tokens): 40 of
-    them do, 100 take the grouped GEMM."""
+    fixture test holds the quantized one to docs/design.md §7); small batches and decode are float32 math for both.
+    With 2 experts a token, batches up to 64 tokens take the decode expert kernels (dispatch.moe_matvec_tokens): 40
+    of them do, 100 take the grouped GEMM."""
     name, cuda, cpu = pair
     ids = cpu.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n")
     ids = (ids * 4)[:100]

@@ -135,7 +135,7 @@ def _max_err(cpu, cuda, ids: list[int], prefill: int) -> tuple[float, float]:
                                        "deepseek2-tiny-q8_0"])  # fmt: skip
 def test_cuda_lora_of_the_hybrid_and_mla_families_matches_the_cpu_backend(tmp_path, base_name, monkeypatch):
     # Float 1-token matvecs, as the CPU backend computes (1e-4 below): their 16-bit forms (dispatch.matvec_i16) round
-    # x, and the model tests hold those to DESIGN.md's quantized-file tolerance against llama.cpp's fixtures.
+    # x, and the model tests hold those to docs/design.md's quantized-file tolerance against llama.cpp's fixtures.
     monkeypatch.setenv("REFLEX_MATVEC_I16", "0")
     base = C.fixture_path(base_name, ".gguf")
     gf = read(base)
