@@ -56,6 +56,12 @@ def matvec3_order(types: list[int]) -> list[int] | None:
     return None
 
 
+def takes_stream(w: DeviceWeight, n: int) -> bool:
+    """Whether `matvec` of n tokens through w takes matvec_stream by its own choice (a type with the kernel, and
+    dispatch.use_stream's shape)."""
+    return w.ggml_type in STREAM_TYPES and dispatch.use_stream(w.rows, w.cols, n)
+
+
 def _bucket(n: int, ggml_type: int) -> int:
     for b in LOWBIT_BUCKETS if ggml_type in LOWBIT_TYPES else TOKEN_BUCKETS:
         if 1 <= n <= b:
@@ -93,7 +99,7 @@ def matvec(
     if resid is not None:
         need(resid, "resid", "f4", n * w.rows)
     if stream is None:
-        stream = w.ggml_type in STREAM_TYPES and dispatch.use_stream(w.rows, w.cols, n)
+        stream = takes_stream(w, n)
     if best is not None:
         need(best, "best", "u8", 1)
         if not stream:

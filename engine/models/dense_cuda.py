@@ -18,13 +18,13 @@ import math
 
 from engine import cache_type
 from engine.config import ModelConfig
-from engine.cuda import dispatch, prefill, small_batch, vmm
 from engine.cuda import k_attention as ka
 from engine.cuda import k_elementwise as kel
 from engine.cuda import k_embed as ke
 from engine.cuda import k_gemm as kg
 from engine.cuda import k_matvec as km
 from engine.cuda import k_norm_rope as knr
+from engine.cuda import prefill, small_batch, vmm
 from engine.cuda.dispatch import SMALL_BATCH, mixed_matvec3, use_matvec
 from engine.cuda.driver import Launch
 from engine.cuda.lora import NO_LORA
@@ -214,7 +214,7 @@ class CudaModel:
         """The LM head of x row `first` into logits[0], its argmax key folded into best (1,) u8 as well (for
         k_sample.argmax_key), where the head takes matvec_stream; else None."""
         c, w = self.cfg, self.output
-        if not (w.ggml_type in km.STREAM_TYPES and dispatch.use_stream(w.rows, w.cols, 1)):
+        if not km.takes_stream(w, 1):
             return None
         src = self.x.view(first * c.dim, (1, c.dim))
         return [km.matvec(w, src, 1, self.logits, norm_w=self.output_norm, eps=c.norm_eps, stream=True, best=best)]
