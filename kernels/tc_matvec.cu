@@ -30,12 +30,9 @@
 // Weight rows of at most STAGE_MAX_K values are staged through shared memory first (stage.cuh; matvec_block.cuh's
 // reasons), longer ones are read from global memory directly. Rows past R re-read row R - 1 and tokens past n token
 // n - 1; neither is written.
-#include <type_traits>
-
 #include "common.cuh"
 #include "pdl.cuh"
 #include "quant.cuh"
-#include "quant_dot.cuh"
 #include "stage.cuh"
 #include "tf32.cuh"
 
@@ -146,32 +143,6 @@ __device__ __forceinline__ void split_step(const float (&x0)[8], const float (&x
     split_tf32(x1[2 * s + 1], ah[3], al[3]);
 }
 
-// The f16 form's scales of a chunk: (down, up) = pow2_scale of the largest |x| of each token's 32 values (held by the
-// quad, lanes 4g .. 4g + 3), tokens g (x0) and g + 8 (x1).
-__device__ __forceinline__ void chunk_scales(const float (&x0)[8], const float (&x1)[8], float& down0, float& up0,
-                                             float& down1, float& up1) {
-    float am0 = 0.f, am1 = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) am0 = fmaxf(am0, fabsf(x0[i])), am1 = fmaxf(am1, fabsf(x1[i]));
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-        am0 = fmaxf(am0, __shfl_xor_sync(cm::FULL, am0, o));
-        am1 = fmaxf(am1, __shfl_xor_sync(cm::FULL, am1, o));
-    }
-    pow2_scale(am0, down0, up0);
-    pow2_scale(am1, down1, up1);
-}
-
-// An f16 step's A operand (k16 step s: values 4s + {0,1} in slots 2q + {0,1}, 4s + {2,3} in 2q + {8,9}), x scaled
-// down and split into halves.
-__device__ __forceinline__ void split_step_f16(const float (&x0)[8], const float (&x1)[8], int s, float down0,
-                                               float down1, uint32_t (&ah)[4], uint32_t (&al)[4]) {
-    split2(x0[4 * s] * down0, x0[4 * s + 1] * down0, ah[0], al[0]);
-    split2(x1[4 * s] * down1, x1[4 * s + 1] * down1, ah[1], al[1]);
-    split2(x0[4 * s + 2] * down0, x0[4 * s + 3] * down0, ah[2], al[2]);
-    split2(x1[4 * s + 2] * down1, x1[4 * s + 3] * down1, ah[3], al[3]);
-}
-
 // TCMV_X3 = 0 (an A/B form, compile time): one mma a product on the hi halves alone (operands rounded to tf32, or to
 // f16 after the power-of-two scale: the prefill GEMM's precision, for quantized weights only as it is), the lo halves
 // never made. It trades the float32-level agreement with the matvec (tests/test_cuda_tc_matvec.py) for a third of
@@ -206,13 +177,25 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
             }
         }
     } else {
+        float am0 = 0.f, am1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) am0 = fmaxf(am0, fabsf(x0[i])), am1 = fmaxf(am1, fabsf(x1[i]));
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {  // the quad (lanes 4g .. 4g + 3) holds the chunk's 32 values of both tokens
+            am0 = fmaxf(am0, __shfl_xor_sync(cm::FULL, am0, o));
+            am1 = fmaxf(am1, __shfl_xor_sync(cm::FULL, am1, o));
+        }
         float down0, up0, down1, up1;
-        chunk_scales(x0, x1, down0, up0, down1, up1);
+        pow2_scale(am0, down0, up0);
+        pow2_scale(am1, down1, up1);
         float hh[F][4] = {}, side[F][4] = {};  // hi.hi; hi.lo + lo.hi (times 2^11)
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
+        for (int s = 0; s < 2; ++s) {  // step s: values 4s + {0,1} in slots 2q + {0,1}, 4s + {2,3} in 2q + {8,9}
             uint32_t ah[4], al[4];
-            split_step_f16(x0, x1, s, down0, down1, ah, al);
+            split2(x0[4 * s] * down0, x0[4 * s + 1] * down0, ah[0], al[0]);
+            split2(x1[4 * s] * down1, x1[4 * s + 1] * down1, ah[1], al[1]);
+            split2(x0[4 * s + 2] * down0, x0[4 * s + 3] * down0, ah[2], al[2]);
+            split2(x1[4 * s + 2] * down1, x1[4 * s + 3] * down1, ah[3], al[3]);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
                 mma(hh[f], ah, b[f].hi[2 * s], b[f].hi[2 * s + 1]);
@@ -232,121 +215,49 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
     }
 }
 
-// TCMV_INT = 1 (an A/B form, compile time): the types whose scale and offset hold for a whole 32-value chunk (INT_W:
-// Q4_K, Q8_0) go through the mma as their small integers, exact in tf32 and f16, against x in the same halves as
-// the three-mma form's; each chunk's sums then take their row's scale and offset (quant_dot.cuh's split form, once a
-// chunk instead of once a value). Two mma a step instead of three (x's hi and lo against the integers), and no
-// weight scaled or split per value; float32-level agreement as the three-mma form (exact products, x to ~21 bits).
-#ifndef TCMV_INT
-#define TCMV_INT 0
-#endif
-template <int T>
-constexpr bool INT_W = TCMV_INT && (T == q::Q4_K || T == q::Q8_0);
-
-// One 8-row fragment's share of a chunk as integers (INT_W): this lane's 8 q_k of row g in the mma's form (TF: each
-// as a float, exact in tf32; else f16 pairs, values 2i and 2i + 1 in q[i]), and row g's scale and offset.
-template <bool TF>
-struct IntFrag {
-    static constexpr int N = TF ? 8 : 4;
-    uint32_t q[N];
-    float d, m;
-};
-
-template <int T, bool TF>
-__device__ __forceinline__ void make_int_frag(const uint8_t* row, int g, IntFrag<TF>& f) {
-    uint32_t v[2];
-    q::Split<T>::bytes8(row, g, v[0], v[1], f.d, f.m);
-    if constexpr (TF) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f.q[i] = __float_as_uint(q::byte_f(v[i >> 2], i & 3, q::Split<T>::BIAS));
-    } else {  // a byte b under 0x64 is the f16 1024 + b exactly: two bytes into two halves, then 1024 + bias off both
-        const __half2 off = __float2half2_rn(1024.0f + q::Split<T>::BIAS);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t p = __byte_perm(v[i >> 1], 0x64646464u, (i & 1) ? 0x4342u : 0x4140u);
-            const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&p), off);
-            f.q[i] = *reinterpret_cast<const uint32_t*>(&h);
-        }
-    }
-}
-
-// tile_chunk for IntFrag fragments: acc[f][..] += d_row * sum(q . x) - m_row * sum(x) over the chunk, rows 2q and
-// 2q + 1 of fragment f (their d and m from the lanes that decoded them: quads 2q and 2q + 1). x goes in as the same
-// halves as tile_chunk's (TF: tf32 hi and lo, into one sum; else the f16 form's scaled halves). MIN: the type has
-// offsets (q::SPLIT_MIN), so the chunk's x sums are needed.
-template <int F, bool TF, bool MIN>
-__device__ __forceinline__ void tile_chunk_int(const float (&x0)[8], const float (&x1)[8], const IntFrag<TF> (&b)[F],
-                                               float (&acc)[F][4]) {
-    float sum[F][4] = {};  // the chunk's q . x: token g at rows 2q, 2q + 1, then token g + 8
-    if constexpr (TF) {
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {  // step s (k8): slot q holds value 2s, slot q + 4 value 2s + 1 of the lane's 8
-            uint32_t ah[4], al[4];
-            split_step(x0, x1, s, ah, al);
-#pragma unroll
-            for (int f = 0; f < F; ++f) {
-                mma_tf32(sum[f], al, b[f].q[2 * s], b[f].q[2 * s + 1]);
-                mma_tf32(sum[f], ah, b[f].q[2 * s], b[f].q[2 * s + 1]);
-            }
-        }
-    } else {
-        float down0, up0, down1, up1;
-        chunk_scales(x0, x1, down0, up0, down1, up1);
-        float hi[F][4] = {}, lo[F][4] = {};  // x's hi halves; its lo halves (times 2^11)
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            uint32_t ah[4], al[4];
-            split_step_f16(x0, x1, s, down0, down1, ah, al);
-#pragma unroll
-            for (int f = 0; f < F; ++f) {
-                mma(hi[f], ah, b[f].q[2 * s], b[f].q[2 * s + 1]);
-                mma(lo[f], al, b[f].q[2 * s], b[f].q[2 * s + 1]);
-            }
-        }
-#pragma unroll
-        for (int f = 0; f < F; ++f)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) sum[f][j] = (j < 2 ? up0 : up1) * fmaf(lo[f][j], LO_DOWN, hi[f][j]);
-    }
-    float xs0 = 0.f, xs1 = 0.f;
-    if constexpr (MIN) {
-        xs0 = quad_sum(((x0[0] + x0[1]) + (x0[2] + x0[3])) + ((x0[4] + x0[5]) + (x0[6] + x0[7])));
-        xs1 = quad_sum(((x1[0] + x1[1]) + (x1[2] + x1[3])) + ((x1[4] + x1[5]) + (x1[6] + x1[7])));
-    }
-    const int src = 8 * (threadIdx.x & 3);  // lane 4 (2q): row 2q's first lane; row 2q + 1's is 4 on
-#pragma unroll
-    for (int f = 0; f < F; ++f) {
-        const float d0 = __shfl_sync(cm::FULL, b[f].d, src), d1 = __shfl_sync(cm::FULL, b[f].d, src + 4);
-        if constexpr (MIN) {
-            const float m0 = __shfl_sync(cm::FULL, b[f].m, src), m1 = __shfl_sync(cm::FULL, b[f].m, src + 4);
-            acc[f][0] += fmaf(d0, sum[f][0], -m0 * xs0), acc[f][1] += fmaf(d1, sum[f][1], -m1 * xs0);
-            acc[f][2] += fmaf(d0, sum[f][2], -m0 * xs1), acc[f][3] += fmaf(d1, sum[f][3], -m1 * xs1);
-        } else {
-            acc[f][0] = fmaf(d0, sum[f][0], acc[f][0]), acc[f][1] = fmaf(d1, sum[f][1], acc[f][1]);
-            acc[f][2] = fmaf(d0, sum[f][2], acc[f][2]), acc[f][3] = fmaf(d1, sum[f][3], acc[f][3]);
-        }
-    }
-}
-
-// A fragment of type T as tcmv_block's chunk loop holds it (IntFrag where INT_W), loaded from row's group g.
-template <int T, int MT, int F>
-using FragOf = typename std::conditional<INT_W<T>, IntFrag<TF32<MT, F>>, Frag<TF32<MT, F>>>::type;
-
-template <int T, bool TF>
-__device__ __forceinline__ void load_frag(const uint8_t* row, int g, Frag<TF>& f) {
-    float w[8];
-    q::Quant<T>::load8(row, g, w);
-    make_frag(w, f);
-}
-
-template <int T, bool TF>
-__device__ __forceinline__ void load_frag(const uint8_t* row, int g, IntFrag<TF>& f) {
-    make_int_frag<T, TF>(row, g, f);
-}
-
 // Matrices a warp computes: all NM when JOIN (one split of x serves both SwiGLU matrices), else one (teams of warps).
 template <int NM, bool JOIN>
 constexpr int MATS_A_WARP = JOIN ? NM : 1;
+
+// TCMV_EARLY = 1 (an A/B form, compile time): a block whose rows are staged (K <= STAGE_MAX_K) issues their copies
+// into shared memory before the programmatic wait (pdl.cuh), so that they land while the kernel that computes x
+// still runs, instead of pulling the rows into L2 there and copying them from L2 after the wait: one L2 round trip
+// fewer before the block's first chunk. Rows read from global memory keep the L2 prefetch.
+#ifndef TCMV_EARLY
+#define TCMV_EARLY 0
+#endif
+
+// Row block rb's rows [BR rb, +BR) of each of the NM matrices (past R: row R - 1) into smem, [matrix * BR + row][P],
+// in 16-byte granules (stage.cuh); the caller waits (stage::wait) and syncs before reading them.
+template <int T, int NM, int BR, int THREADS>
+__device__ __forceinline__ void stage_rows(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int rb,
+                                           uint8_t* smem) {
+    constexpr int P = PITCH<T>, NG = P / 16;  // granules a staged row
+    const int r0 = rb * BR;
+    for (int i = threadIdx.x; i < NM * BR * NG; i += THREADS) {
+        const int s = i / NG;  // staged row s: matrix s / BR, row r0 + s % BR
+        const uint8_t* src = (s < BR ? W0 : W1) + (long long)min(r0 + s % BR, R - 1) * row_bytes;
+        stage::granule(smem + s * P, src, int(row_bytes), i - s * NG);  // pre-wait: weights (TCMV_EARLY)
+    }
+}
+
+// Before the wait (pdl.cuh), while the kernel that computes x may still run: row block rb's rows (BR of each of the
+// NM matrices) into shared memory where tcmv_block reads them (TCMV_EARLY, staged rows), or else into L2.
+__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R, int rb, int BR) {
+    const int r0 = rb * BR;
+    if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(BR, R - r0) * row_bytes);
+}
+
+template <int T, int NM, int BR, int THREADS>
+__device__ __forceinline__ void before_wait(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
+                                            int rb, uint8_t* smem) {
+    if (TCMV_EARLY && K <= STAGE_MAX_K) {
+        stage_rows<T, NM, BR, THREADS>(W0, W1, row_bytes, R, rb, smem);
+        return;
+    }
+    prefetch_rows(W0, row_bytes, R, rb, BR);
+    if (NM == 2) prefetch_rows(W1, row_bytes, R, rb, BR);
+}
 
 // Shared memory of tcmv_block: the staged rows, then (after a barrier) the warps' partial sums and sums of squares.
 template <int T, int MT, int NM, int RT, int WARPS, bool JOIN>
@@ -375,12 +286,7 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
 
     const bool staged = K <= STAGE_MAX_K;
     if (staged) {
-        constexpr int NG = P / 16;  // granules a staged row
-        for (int i = tid; i < NM * BR * NG; i += THREADS) {
-            const int s = i / NG;  // staged row s: matrix s / BR, row r0 + s % BR
-            const uint8_t* src = (s < BR ? W0 : W1) + (long long)min(r0 + s % BR, R - 1) * row_bytes;
-            stage::granule(smem + s * P, src, int(row_bytes), i - s * NG);
-        }
+        if (!TCMV_EARLY) stage_rows<T, NM, BR, THREADS>(W0, W1, row_bytes, R, rb, smem);
         stage::wait();
         __syncthreads();
 #pragma unroll
@@ -397,9 +303,13 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     // scripts/bench_small_batch.py, a Qwen3-0.6B layer: n = 16 47.4 -> 47.0 us, n = 32 67.1 -> 70.2).
     for (int c = slice; c < chunks; c += TEAM) {
         const int k = 32 * c + 8 * qd;  // this lane's 8 values of the chunk
-        FragOf<T, MT, F> b[F];
+        Frag<TF32<MT, F>> b[F];
 #pragma unroll
-        for (int f = 0; f < F; ++f) load_frag<T>(row[f], k >> 3, b[f]);
+        for (int f = 0; f < F; ++f) {
+            float w[8];
+            q::Quant<T>::load8(row[f], k >> 3, w);
+            make_frag(w, b[f]);
+        }
         float nw[8];
         if (norm_w) load8(norm_w + k, nw);
 #pragma unroll
@@ -416,8 +326,7 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
                     x1[i] *= nw[i];
                 }
             }
-            if constexpr (INT_W<T>) tile_chunk_int<F, TF32<MT, F>, q::SPLIT_MIN<T>>(x0, x1, b, acc[m]);
-            else tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m]);
+            tile_chunk<F, TF32<MT, F>>(x0, x1, b, acc[m]);
         }
     }
 
@@ -466,12 +375,6 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     }
 }
 
-// Before the wait (pdl.cuh): row block rb's rows (BR of them) into L2, while the kernel that computes x may still run.
-__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R, int rb, int BR) {
-    const int r0 = rb * BR;
-    if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(BR, R - r0) * row_bytes);
-}
-
 // Up to three matrices of one width through one launch (q/k/v): matrix m's row blocks follow those of the matrices
 // before it; matrices 0 and 1 are of type T0, matrix 2 of T1. Each block computes what it would in a launch of its
 // own matrix, bit for bit (blocks of 8 RT rows and WARPS_WIDE warps, as tcmv_swiglu's). R_m = 0: no blocks.
@@ -489,7 +392,8 @@ __device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1
     float* y = m == 0 ? y0 : m == 1 ? y1 : y2;
     __shared__ __align__(16) uint8_t smem[cmax(SMEM_BYTES<T0, MT, 1, RT, WA, false>,
                                                SMEM_BYTES<T1, MT, 1, RT, WA, false>)];  // either type's block
-    prefetch_rows(W, row_bytes, R, rb, BR);
+    if (!TCMV_EARLY || T0 == T1 || m < 2) before_wait<T0, 1, BR, 32 * WA>(W, W, row_bytes, R, K, rb, smem);
+    else before_wait<T1, 1, BR, 32 * WA>(W, W, row_bytes, R, K, rb, smem);
     pdl::wait();
     if constexpr (T0 == T1) {
         tcmv_block<T0, MT, 1, RT, WA, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
@@ -507,7 +411,7 @@ __device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1
                           const float* norm_w, float eps, const float* resid, float* y) {                           \
         pdl::launch_dependents();                                                                                   \
         __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 1, 1, WARPS_ONE, false>];                       \
-        prefetch_rows(W, row_bytes, R, blockIdx.x, ROWS);                                                           \
+        before_wait<T, 1, ROWS, 32 * WARPS_ONE>(W, W, row_bytes, R, K, blockIdx.x, smem);                           \
         pdl::wait();                                                                                                \
         tcmv_block<T, M / 16, 1, 1, WARPS_ONE, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y,           \
                                                       blockIdx.x, smem);                                            \
@@ -518,8 +422,7 @@ __device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1
         pdl::launch_dependents();                                                                                   \
         constexpr bool JOIN = JOIN_SWIGLU<M / 16>;                                                                  \
         __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 2, 1, WARPS_WIDE, JOIN>];                       \
-        prefetch_rows(Wg, row_bytes, R, blockIdx.x, ROWS);                                                          \
-        prefetch_rows(Wu, row_bytes, R, blockIdx.x, ROWS);                                                          \
+        before_wait<T, 2, ROWS, 32 * WARPS_WIDE>(Wg, Wu, row_bytes, R, K, blockIdx.x, smem);                         \
         pdl::wait();                                                                                                \
         tcmv_block<T, M / 16, 2, 1, WARPS_WIDE, JOIN>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y,       \
                                                       blockIdx.x, smem);                                            \
