@@ -49,11 +49,20 @@ constexpr int ROWS = 8;
 // everywhere, bench/results/2026-12-04-h200-session20.md): tcmv3 12.5 -> 9.5 us, tcmv_swiglu 14.7 -> 11.8, tcmv
 // Q4_K 8.3 -> 7.1, Q6_K down 10.7 -> 9.4. Not kept: 16 rows a block for tcmv_swiglu (14.2), 16 warps for tcmv3 /
 // tcmv_swiglu (15.9 / 17.6 at 8 rows, 11.5 / 15.6 at 16).
+// TCMV_ONE16 (an A/B form, compile time: 32): tcmv's warps at 16 tokens, each with a share of the chunks. Nsight
+// Compute on an H100 (2026-12-05, 13 tokens) has tcmv_q4_k_m16 latency-bound: one block an SM, 0.41 instructions
+// issued a scheduler and cycle, each warp's ~1,000 instructions (4 chunks at K = 2048) a chain at ~9 cycles apiece.
+// At 32 and 64 tokens 16 warps stay (more would need more registers than 1,024 threads have).
 template <int MT>
 constexpr int RT_WIDE = MT >= 4 ? 1 : 2;
 template <int MT>
 constexpr bool JOIN_SWIGLU = MT < 4;
-constexpr int WARPS_WIDE = 8, WARPS_ONE = 16;
+#ifndef TCMV_ONE16
+#define TCMV_ONE16 16
+#endif
+constexpr int WARPS_WIDE = 8;
+template <int MT>
+constexpr int WARPS_ONE = MT == 1 ? TCMV_ONE16 : 16;
 constexpr float LO_UP = 2048.f, LO_DOWN = 1.f / 2048.f;  // 2^11: lo halves are kept scaled up into f16's range
 
 constexpr int STAGE_MAX_K = 2048;  // longer rows are read from global memory
@@ -219,46 +228,6 @@ __device__ __forceinline__ void tile_chunk(const float (&x0)[8], const float (&x
 template <int NM, bool JOIN>
 constexpr int MATS_A_WARP = JOIN ? NM : 1;
 
-// TCMV_EARLY = 1 (an A/B form, compile time): a block whose rows are staged (K <= STAGE_MAX_K) issues their copies
-// into shared memory before the programmatic wait (pdl.cuh), so that they land while the kernel that computes x
-// still runs, instead of pulling the rows into L2 there and copying them from L2 after the wait: one L2 round trip
-// fewer before the block's first chunk. Rows read from global memory keep the L2 prefetch.
-#ifndef TCMV_EARLY
-#define TCMV_EARLY 0
-#endif
-
-// Row block rb's rows [BR rb, +BR) of each of the NM matrices (past R: row R - 1) into smem, [matrix * BR + row][P],
-// in 16-byte granules (stage.cuh); the caller waits (stage::wait) and syncs before reading them.
-template <int T, int NM, int BR, int THREADS>
-__device__ __forceinline__ void stage_rows(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int rb,
-                                           uint8_t* smem) {
-    constexpr int P = PITCH<T>, NG = P / 16;  // granules a staged row
-    const int r0 = rb * BR;
-    for (int i = threadIdx.x; i < NM * BR * NG; i += THREADS) {
-        const int s = i / NG;  // staged row s: matrix s / BR, row r0 + s % BR
-        const uint8_t* src = (s < BR ? W0 : W1) + (long long)min(r0 + s % BR, R - 1) * row_bytes;
-        stage::granule(smem + s * P, src, int(row_bytes), i - s * NG);  // pre-wait: weights (TCMV_EARLY)
-    }
-}
-
-// Before the wait (pdl.cuh), while the kernel that computes x may still run: row block rb's rows (BR of each of the
-// NM matrices) into shared memory where tcmv_block reads them (TCMV_EARLY, staged rows), or else into L2.
-__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R, int rb, int BR) {
-    const int r0 = rb * BR;
-    if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(BR, R - r0) * row_bytes);
-}
-
-template <int T, int NM, int BR, int THREADS>
-__device__ __forceinline__ void before_wait(const uint8_t* W0, const uint8_t* W1, long long row_bytes, int R, int K,
-                                            int rb, uint8_t* smem) {
-    if (TCMV_EARLY && K <= STAGE_MAX_K) {
-        stage_rows<T, NM, BR, THREADS>(W0, W1, row_bytes, R, rb, smem);
-        return;
-    }
-    prefetch_rows(W0, row_bytes, R, rb, BR);
-    if (NM == 2) prefetch_rows(W1, row_bytes, R, rb, BR);
-}
-
 // Shared memory of tcmv_block: the staged rows, then (after a barrier) the warps' partial sums and sums of squares.
 template <int T, int MT, int NM, int RT, int WARPS, bool JOIN>
 constexpr int SMEM_BYTES = cmax(NM * ROWS * RT * PITCH<T>,
@@ -286,7 +255,12 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
 
     const bool staged = K <= STAGE_MAX_K;
     if (staged) {
-        if (!TCMV_EARLY) stage_rows<T, NM, BR, THREADS>(W0, W1, row_bytes, R, rb, smem);
+        constexpr int NG = P / 16;  // granules a staged row
+        for (int i = tid; i < NM * BR * NG; i += THREADS) {
+            const int s = i / NG;  // staged row s: matrix s / BR, row r0 + s % BR
+            const uint8_t* src = (s < BR ? W0 : W1) + (long long)min(r0 + s % BR, R - 1) * row_bytes;
+            stage::granule(smem + s * P, src, int(row_bytes), i - s * NG);
+        }
         stage::wait();
         __syncthreads();
 #pragma unroll
@@ -375,6 +349,12 @@ __device__ __forceinline__ void tcmv_block(const uint8_t* W0, const uint8_t* W1,
     }
 }
 
+// Before the wait (pdl.cuh): row block rb's rows (BR of them) into L2, while the kernel that computes x may still run.
+__device__ __forceinline__ void prefetch_rows(const uint8_t* W, long long row_bytes, int R, int rb, int BR) {
+    const int r0 = rb * BR;
+    if (r0 < R) pdl::prefetch_l2(W + r0 * row_bytes, min(BR, R - r0) * row_bytes);
+}
+
 // Up to three matrices of one width through one launch (q/k/v): matrix m's row blocks follow those of the matrices
 // before it; matrices 0 and 1 are of type T0, matrix 2 of T1. Each block computes what it would in a launch of its
 // own matrix, bit for bit (blocks of 8 RT rows and WARPS_WIDE warps, as tcmv_swiglu's). R_m = 0: no blocks.
@@ -392,8 +372,7 @@ __device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1
     float* y = m == 0 ? y0 : m == 1 ? y1 : y2;
     __shared__ __align__(16) uint8_t smem[cmax(SMEM_BYTES<T0, MT, 1, RT, WA, false>,
                                                SMEM_BYTES<T1, MT, 1, RT, WA, false>)];  // either type's block
-    if (!TCMV_EARLY || T0 == T1 || m < 2) before_wait<T0, 1, BR, 32 * WA>(W, W, row_bytes, R, K, rb, smem);
-    else before_wait<T1, 1, BR, 32 * WA>(W, W, row_bytes, R, K, rb, smem);
+    prefetch_rows(W, row_bytes, R, rb, BR);
     pdl::wait();
     if constexpr (T0 == T1) {
         tcmv_block<T0, MT, 1, RT, WA, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, nullptr, y, rb, smem);
@@ -406,15 +385,16 @@ __device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1
 }  // namespace
 
 #define TCMV(tag, T, M)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS_ONE, 16 / WARPS_ONE)                                    \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_ONE<M / 16>, cmax(1, 16 / WARPS_ONE<M / 16>))          \
         tcmv_##tag##_m##M(const uint8_t* W, long long row_bytes, int R, int K, const float* x, int n,               \
                           const float* norm_w, float eps, const float* resid, float* y) {                           \
         pdl::launch_dependents();                                                                                   \
-        __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 1, 1, WARPS_ONE, false>];                       \
-        before_wait<T, 1, ROWS, 32 * WARPS_ONE>(W, W, row_bytes, R, K, blockIdx.x, smem);                           \
+        constexpr int WO = WARPS_ONE<M / 16>;                                                                       \
+        __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 1, 1, WO, false>];                              \
+        prefetch_rows(W, row_bytes, R, blockIdx.x, ROWS);                                                           \
         pdl::wait();                                                                                                \
-        tcmv_block<T, M / 16, 1, 1, WARPS_ONE, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y,           \
-                                                      blockIdx.x, smem);                                            \
+        tcmv_block<T, M / 16, 1, 1, WO, false>(W, W, row_bytes, R, K, x, n, norm_w, eps, resid, y, blockIdx.x,      \
+                                               smem);                                                               \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(32 * WARPS_WIDE, 16 / WARPS_WIDE)                                  \
         tcmv_swiglu_##tag##_m##M(const uint8_t* Wg, const uint8_t* Wu, long long row_bytes, int R, int K,           \
@@ -422,7 +402,8 @@ __device__ __forceinline__ void tcmv3_block(const uint8_t* W0, const uint8_t* W1
         pdl::launch_dependents();                                                                                   \
         constexpr bool JOIN = JOIN_SWIGLU<M / 16>;                                                                  \
         __shared__ __align__(16) uint8_t smem[SMEM_BYTES<T, M / 16, 2, 1, WARPS_WIDE, JOIN>];                       \
-        before_wait<T, 2, ROWS, 32 * WARPS_WIDE>(Wg, Wu, row_bytes, R, K, blockIdx.x, smem);                         \
+        prefetch_rows(Wg, row_bytes, R, blockIdx.x, ROWS);                                                          \
+        prefetch_rows(Wu, row_bytes, R, blockIdx.x, ROWS);                                                          \
         pdl::wait();                                                                                                \
         tcmv_block<T, M / 16, 2, 1, WARPS_WIDE, JOIN>(Wg, Wu, row_bytes, R, K, x, n, norm_w, eps, nullptr, y,       \
                                                       blockIdx.x, smem);                                            \

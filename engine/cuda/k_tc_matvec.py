@@ -16,7 +16,8 @@ from engine.errors import CudaError
 from engine.quants import GGMLType
 
 FRAGMENT_ROWS = 8  # rows of one mma weight fragment
-WARPS_WIDE, WARPS_ONE = 8, 16  # warps a block of tcmv_swiglu / tcmv3, of tcmv; they split K (kernels/tc_matvec.cu)
+WARPS_WIDE = 8  # warps a block of tcmv_swiglu / tcmv3; they split K (kernels/tc_matvec.cu)
+ONE_THREADS = (512, 1024)  # tcmv's block: 16 warps ([0]: every tile), or 32 at 16 tokens in that A/B form (TCMV_ONE16)
 TOKEN_TILES = (16, 32, 64)  # tcmv_*_m{M} variants; a launch of n tokens uses the smallest M >= n
 MAX_TOKENS = TOKEN_TILES[-1]
 TYPES = frozenset(
@@ -76,7 +77,16 @@ def tcmv(
     fn = driver.module("tc_matvec").fn(f"tcmv_{w.tag}_m{tile}")
     args = [ptr(w.ptr), i64(w.row_bytes), i32(w.rows), i32(w.cols), ptr(x), i32(n), ptr(norm_w), f32(eps), ptr(resid),
             ptr(y)]  # fmt: skip
-    return Launch(fn, _grid(w.rows, "tcmv", tile), (32 * WARPS_ONE,), args)
+    return Launch(fn, _grid(w.rows, "tcmv", tile), (one_threads(fn),), args)
+
+
+def one_threads(fn) -> int:
+    """tcmv's block: the threads its kernel was built for (kernels/tc_matvec.cu's WARPS_ONE), read from the kernel so
+    that a rebuilt module needs no other change."""
+    threads = driver.block_limit(fn)
+    if threads not in ONE_THREADS:
+        raise CudaError(f"tcmv: a kernel built for {threads} threads a block, not one of {ONE_THREADS}")
+    return threads
 
 
 def tcmv_swiglu(
