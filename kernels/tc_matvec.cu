@@ -44,21 +44,24 @@ constexpr int ROWS = 8;
 // as many instructions as a Q4_K fragment's decode and split; fewer warps in flight cost more than they save. So
 // tcmv3 (q/k/v: the most rows) takes RT_WIDE = 2 fragments a block at 16 and 32 tokens, a split of x serving two
 // (RT = 2 spills at 64); tcmv_swiglu's warps each take both matrices there (JOIN_SWIGLU: a split of x for gate and
-// up, every warp on K, as many blocks); tcmv (o, down: the fewest rows, the longest K) takes 16 warps, each with half
-// the chunks. On an H200 (2026-12-04, Qwen3-0.6B shape, engine profile --batch 13, two rounds, from 8 rows x 8 warps
-// everywhere, bench/results/2026-12-04-h200-session20.md): tcmv3 12.5 -> 9.5 us, tcmv_swiglu 14.7 -> 11.8, tcmv
-// Q4_K 8.3 -> 7.1, Q6_K down 10.7 -> 9.4. Not kept: 16 rows a block for tcmv_swiglu (14.2), 16 warps for tcmv3 /
-// tcmv_swiglu (15.9 / 17.6 at 8 rows, 11.5 / 15.6 at 16).
-// TCMV_ONE16 (an A/B form, compile time: 32): tcmv's warps at 16 tokens, each with a share of the chunks. Nsight
-// Compute on an H100 (2026-12-05, 13 tokens) has tcmv_q4_k_m16 latency-bound: one block an SM, 0.41 instructions
-// issued a scheduler and cycle, each warp's ~1,000 instructions (4 chunks at K = 2048) a chain at ~9 cycles apiece.
-// At 32 and 64 tokens 16 warps stay (more would need more registers than 1,024 threads have).
+// up, every warp on K, as many blocks); tcmv (o, down: the fewest rows, the longest K) takes 16 warps (32 at 16
+// tokens, below), each with half the chunks. On an H200 (2026-12-04, Qwen3-0.6B shape, engine profile --batch 13,
+// two rounds, from 8 rows x 8 warps everywhere, bench/results/2026-12-04-h200-session20.md): tcmv3 12.5 -> 9.5 us,
+// tcmv_swiglu 14.7 -> 11.8, tcmv Q4_K 8.3 -> 7.1, Q6_K down 10.7 -> 9.4. Not kept: 16 rows a block for tcmv_swiglu
+// (14.2), 16 warps for tcmv3 / tcmv_swiglu (15.9 / 17.6 at 8 rows, 11.5 / 15.6 at 16).
+// tcmv takes 32 warps at 16 tokens (TCMV_ONE16; 16 is the compared form), each with a share of the chunks: Nsight
+// Compute on an H100 (2026-12-05, 13 tokens, 16 warps) had tcmv_q4_k_m16 latency-bound, one block an SM, 0.41
+// instructions issued a scheduler and cycle, each warp's ~1,000 instructions (4 chunks at K = 2048) a chain at ~9
+// cycles apiece. Halving the chains, on that H100 (engine profile --batch 13 / 16, two rounds each): tcmv_q4_k_m16
+// 7.19 / 7.11 -> 6.84 / 6.69 us, tcmv_q6_k_m16 8.53 / 8.48 -> 8.33 / 8.17, the 13-token step 1.304 / 1.310 -> 1.279 /
+// 1.280 ms, 16 tokens 1.307 / 1.308 -> 1.286 / 1.286, engine bench pp16 12.9k / 12.9k -> 13.1k / 13.2k tok/s. At 32
+// and 64 tokens 16 warps stay (more would need more registers than 1,024 threads have).
 template <int MT>
 constexpr int RT_WIDE = MT >= 4 ? 1 : 2;
 template <int MT>
 constexpr bool JOIN_SWIGLU = MT < 4;
 #ifndef TCMV_ONE16
-#define TCMV_ONE16 16
+#define TCMV_ONE16 32
 #endif
 constexpr int WARPS_WIDE = 8;
 template <int MT>

@@ -110,7 +110,8 @@ TCMV3_TYPES = [(t, t) for t in TYPES] + sorted(k_matvec.MATVEC3_PAIRS)
 def test_tcmv3(types: tuple[GGMLType, GGMLType], n: int, cols: int, rows: tuple[int, ...], seed: int) -> None:
     """A small batch through up to three matrices in one launch (one type, or two of a and one of b): against NumPy,
     and bit for bit equal to a tcmv3 launch of each matrix alone; outputs exactly their size (the slack stays
-    poisoned). (tcmv splits K among 16 warps, tcmv3 among 8: the two agree to float32 rounding, each held to NumPy.)"""
+    poisoned). (tcmv splits K among 32 or 16 warps, tcmv3 among 8: the two agree to float32 rounding, each held to
+    NumPy.)"""
     a, b = types
     if a != b and len(rows) < 3:
         pytest.skip("a pair of types takes three matrices")

@@ -75,14 +75,14 @@ def test_gemm_tc_shared_memory_follows_the_kernel():
 
 
 def test_tcmv_default_block_follows_the_kernel():
-    """k_tc_matvec.ONE_THREADS[0] is tcmv's block at every token tile by default (the 16-token A/B form aside)."""
+    """k_tc_matvec.ONE_THREADS holds tcmv's default blocks: [0] at 16 tokens, [1] at 32 and 64."""
     from engine.cuda import k_tc_matvec
 
     text = (ROOT / "kernels" / "tc_matvec.cu").read_text()
     at16 = re.search(r"#define TCMV_ONE16 (\d+)", text)
     wider = re.search(r"constexpr int WARPS_ONE = MT == 1 \? TCMV_ONE16 : (\d+);", text)
     assert at16 and wider, "tc_matvec.cu's tcmv block constants moved"
-    assert 32 * int(at16.group(1)) == 32 * int(wider.group(1)) == k_tc_matvec.ONE_THREADS[0]
+    assert (32 * int(at16.group(1)), 32 * int(wider.group(1))) == k_tc_matvec.ONE_THREADS
 
 
 def test_attn_decode_fold_room_follows_the_kernel():

@@ -17,7 +17,7 @@ from engine.quants import GGMLType
 
 FRAGMENT_ROWS = 8  # rows of one mma weight fragment
 WARPS_WIDE = 8  # warps a block of tcmv_swiglu / tcmv3; they split K (kernels/tc_matvec.cu)
-ONE_THREADS = (512, 1024)  # tcmv's block: 16 warps ([0]: every tile), or 32 at 16 tokens in that A/B form (TCMV_ONE16)
+ONE_THREADS = (1024, 512)  # tcmv's block: 32 warps at 16 tokens (16 in that A/B form, TCMV_ONE16), 16 at 32 and 64
 TOKEN_TILES = (16, 32, 64)  # tcmv_*_m{M} variants; a launch of n tokens uses the smallest M >= n
 MAX_TOKENS = TOKEN_TILES[-1]
 TYPES = frozenset(
