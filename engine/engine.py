@@ -305,20 +305,30 @@ class Engine:
         """Score each candidate continuation of `prompt` in one prefill (docs/design.md §4)."""
         if isinstance(candidates, str) or not candidates or not all(isinstance(c, str) for c in candidates):
             raise InvalidInput("candidates must be a non-empty list of strings")
+        t0 = timing.now()
         with Stopwatch() as tok_sw:
             # Candidates continue the prompt's text: no EOS after it (a file that asks for one would end every
             # encoding with it, and no candidate could be told apart from the prompt by the difference).
             prompt_ids = self._encode_prompt(prompt, add_eos=False)
-            cand_ids = system1.candidate_ids(lambda s: self.tokenizer.encode(s, add_bos=False, add_eos=False), prompt,
-                                             candidates)  # fmt: skip
-        needed = len(prompt_ids) + max(len(c) for c in cand_ids) - 1
-        if needed > self.max_seq:
-            raise ContextOverflow(needed, self.max_seq, "the prompt plus the longest candidate")
+        if len(prompt_ids) > self.max_seq:
+            raise ContextOverflow(len(prompt_ids), self.max_seq, "the prompt")
+        cand_ids: list[list[int]] = []
+        cand_sw = Stopwatch()
+
+        def first_ids() -> list[int]:
+            """The candidates' ids, encoded while the prompt's forward runs on the device; their first tokens."""
+            with cand_sw:
+                cand_ids.extend(system1.candidate_ids(
+                    lambda s: self.tokenizer.encode(s, add_bos=False, add_eos=False), prompt, candidates))  # fmt: skip
+            needed = len(prompt_ids) + max(len(c) for c in cand_ids) - 1
+            if needed > self.max_seq:
+                raise ContextOverflow(needed, self.max_seq, "the prompt plus the longest candidate")
+            return [c[0] for c in cand_ids]
+
         with self._lock:
             with Stopwatch() as prompt_sw:
                 reused = self._begin(prompt_ids)
-                first = [c[0] for c in cand_ids]
-                scores = [float(s) for s in self.runner.forward(prompt_ids[reused:], "last", first)]
+                scores = [float(s) for s in self.runner.forward(prompt_ids[reused:], "last", first_ids)]
             with Stopwatch() as forced_sw:
                 # The state after the prompt, for candidates of several tokens only (a hybrid model's snapshot copies
                 # its recurrent state on the device).
@@ -338,12 +348,12 @@ class Engine:
             "best_idx": best,
             "best_text": candidates[best],
             "entropy_bits": system1.entropy_bits(probs),
-            "timings": {
-                "tokenize_ms": tok_sw.ms,
+            "timings": {  # the candidates' encoding (in tokenize_ms) ran inside prompt_eval_ms, beside the device
+                "tokenize_ms": tok_sw.ms + cand_sw.ms,
                 "prompt_eval_ms": prompt_sw.ms,
                 "decode_ms": forced_sw.ms,
                 "tokens_per_s": None,
-                "total_ms": tok_sw.ms + prompt_sw.ms + forced_sw.ms,
+                "total_ms": timing.ms_since(t0),
             },
         }
         if self.prefix is not None:

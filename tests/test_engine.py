@@ -61,6 +61,30 @@ def test_system1_of_a_file_that_ends_encodings_with_eos_scores_the_continuations
     assert [c["score"] for c in got["candidates"]] == [c["score"] for c in want["candidates"]]
 
 
+def test_system1_encodes_the_candidates_once_the_prompt_is_under_way(engine, monkeypatch):
+    """The prompt is encoded first and its forward started; the candidates are encoded inside the runner's forward
+    (its gather ids, a callable), which on the CUDA backend is while the device runs the prompt. A candidate that
+    overflows the context or fails to encode cleanly is still refused, and the next request runs as before."""
+    calls = []
+    encode, forward = engine.tokenizer.encode, engine.runner.model.forward
+    monkeypatch.setattr(
+        engine.tokenizer, "encode", lambda text, **kw: calls.append(("encode", text)) or encode(text, **kw)
+    )
+    monkeypatch.setattr(engine.runner.model, "forward", lambda *a: calls.append(("forward", len(a[0]))) or forward(*a))
+    want = engine.system1(PROMPT, [" Paris", " the city of lights"])
+    n_prompt = len(encode(PROMPT))
+    assert calls[:2] == [("encode", PROMPT), ("forward", n_prompt)], calls
+    assert ("encode", PROMPT + " Paris") in calls[2:] and ("encode", PROMPT + " the city of lights") in calls[2:]
+    t = want["timings"]
+    assert t["total_ms"] >= t["prompt_eval_ms"] + t["decode_ms"] and t["tokenize_ms"] > 0
+    with pytest.raises(ContextOverflow, match="the prompt plus the longest candidate"):
+        engine.system1(PROMPT, [" Paris", " x" * 80])
+    with pytest.raises(ContextOverflow, match="the prompt needs"):
+        engine.system1(" x" * 80, [" Paris"])
+    again = engine.system1(PROMPT, [" Paris", " the city of lights"])
+    assert [c["score"] for c in again["candidates"]] == [c["score"] for c in want["candidates"]]
+
+
 def test_system1_rejects_bad_candidates(engine):
     with pytest.raises(InvalidInput, match="clean continuation"):
         engine.system1("The capital of Fra", ["nce"])  # "Fra" + "nce" re-tokenizes the prompt's last word

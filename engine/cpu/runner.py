@@ -8,7 +8,7 @@ files (engine/state.py) `state_layout`, `state_spec(n)`, `export_state()`, `impo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -44,12 +44,15 @@ class CpuRunner:
         self.position, cache_state = state
         self.cache.restore(cache_state)
 
-    def forward(self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | None = None) -> np.ndarray | None:
+    def forward(
+        self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | Callable[[], Sequence[int]] | None = None
+    ) -> np.ndarray | None:
         """Consume `ids` at the current position and return logits.
 
         out="none": nothing; out="last": the last position's logits (n_vocab,) or, with `gather`, only the columns
         `gather` (len(gather),); out="all": every position's logits (n, n_vocab) or, with `gather` (one id per
-        position), logits[j, gather[j]] (n,).
+        position), logits[j, gather[j]] (n,). gather may be a callable that returns the ids: it is called once the
+        forward has run here (the CUDA runner calls it while the device runs the forward).
         """
         n = len(ids)
         if self.position + n > self.max_seq:
@@ -58,6 +61,8 @@ class CpuRunner:
             self._resident = None
         h = self.model.forward(np.asarray(ids, dtype=np.int64), self.cache, self.position)  # (n, dim)
         self.position += n
+        if callable(gather):
+            gather = gather()
         head = self.model.output  # (n_vocab, dim)
         if out == "none":
             return None

@@ -18,7 +18,7 @@ import contextlib
 import ctypes
 import os
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from engine.cuda import dispatch, driver, memory, vmm
 from engine.cuda import k_sample as ks
@@ -146,8 +146,11 @@ class CudaRunner:
 
     # -- the runner API ------------------------------------------------------------------------------------
 
-    def forward(self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | None = None):
-        """As CpuRunner.forward: consume ids, return none / last-row / every-row logits, full or gathered."""
+    def forward(
+        self, ids: Sequence[int], out: str = "last", gather: Sequence[int] | Callable[[], Sequence[int]] | None = None
+    ):
+        """As CpuRunner.forward: consume ids, return none / last-row / every-row logits, full or gathered. A callable
+        gather is called once the first chunk is queued, so the host computes the ids while the device runs it."""
         n = len(ids)
         self._room(n)
         self._writing()
@@ -155,8 +158,12 @@ class CudaRunner:
         for at in range(0, n, b):
             chunk = list(ids[at : at + b])
             self._forward_chunk(chunk)
+            if callable(gather):
+                gather = gather()
             if out == "all":
                 rows_out.append(self._rows(len(chunk), None if gather is None else gather[at : at + b]))
+        if callable(gather):  # no chunk (no ids)
+            gather = gather()
         if out == "none":
             memory.synchronize(self.stream)
             return None
