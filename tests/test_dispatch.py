@@ -52,6 +52,9 @@ def test_decode_attention_keeps_a_kv_head_in_one_block_unless_shared(monkeypatch
     assert dispatch.decode_attention(32, 4) == (False, 1, 1)  # 8 q heads a block: split + combine
     assert dispatch.decode_attention(16, 4) == (True, 128, 1)
     assert dispatch.decode_attention(28, 4) == (True, 128, 1)  # 7 a block: folded
+    monkeypatch.setenv("REFLEX_ATTN_MIN_CHUNK", "64")  # the comparison's chunk
+    assert dispatch.decode_attention(16, 4) == (True, 64, 1) and dispatch.decode_attention(32, 4) == (False, 1, 1)
+    monkeypatch.delenv("REFLEX_ATTN_MIN_CHUNK")
     monkeypatch.setenv("REFLEX_ATTN_PARTS", "shared")  # blocks of at most 4 q heads, every form folded
     for G, parts in ((1, 1), (2, 1), (4, 1), (5, 5), (6, 2), (8, 2), (12, 3), (16, 4)):
         assert dispatch.shared_parts(G) == parts, G

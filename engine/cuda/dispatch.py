@@ -292,4 +292,15 @@ def decode_attention(H: int, KVH: int) -> tuple[bool, int, int]:
     step, by ablation, is 3.1 us a launch; the fold's tail (fence, ticket, the head from L2) took nearly all of it."""
     G = H // KVH
     parts = shared_parts(G) if os.environ.get("REFLEX_ATTN_PARTS") == "shared" else 1
-    return (True, 128, parts) if G // parts < 8 else (False, 1, parts)
+    return (True, fold_min_chunk(), parts) if G // parts < 8 else (False, 1, parts)
+
+
+FOLD_MIN_CHUNK = 128
+
+
+def fold_min_chunk() -> int:
+    """Keys a split of the folded attn_decode takes at least (FOLD_MIN_CHUNK; REFLEX_ATTN_MIN_CHUNK for comparisons).
+    Up to this many keys the attention is one split of 4 warps, each with a tile of 16 keys up to 64 and of 32 past
+    them (twice the chain of dependent reads); a smaller chunk spreads such a context over more blocks but pays the
+    folded combine (the ticket, the last block's second pass) that one split skips."""
+    return env_int("REFLEX_ATTN_MIN_CHUNK", FOLD_MIN_CHUNK, minimum=1)
