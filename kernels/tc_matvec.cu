@@ -45,7 +45,7 @@ constexpr int ROWS = 8;
 // tcmv3 (q/k/v: the most rows) takes RT_WIDE = 2 fragments a block at 16 and 32 tokens, a split of x serving two
 // (RT = 2 spills at 64); tcmv_swiglu's warps each take both matrices there (JOIN_SWIGLU: a split of x for gate and
 // up, every warp on K, as many blocks); tcmv (o, down: the fewest rows, the longest K) takes 16 warps (32 at 16
-// tokens, below), each with half the chunks. On an H200 (2026-12-04, Qwen3-0.6B shape, engine profile --batch 13,
+// tokens, below) sharing the chunks. On an H200 (2026-12-04, Qwen3-0.6B shape, engine profile --batch 13,
 // two rounds, from 8 rows x 8 warps everywhere, bench/results/2026-12-04-h200-session20.md): tcmv3 12.5 -> 9.5 us,
 // tcmv_swiglu 14.7 -> 11.8, tcmv Q4_K 8.3 -> 7.1, Q6_K down 10.7 -> 9.4. Not kept: 16 rows a block for tcmv_swiglu
 // (14.2), 16 warps for tcmv3 / tcmv_swiglu (15.9 / 17.6 at 8 rows, 11.5 / 15.6 at 16).
