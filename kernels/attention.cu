@@ -8,8 +8,12 @@
 #include "attention_prefill_tc.cuh"
 
 // attn_decode over a float cache, attn_decode_f16 over a __half one (KV_CACHE_TYPE=f16): the same arguments.
+// ATTN_DECODE_BLOCKS: blocks an SM the registers must allow (3 of 4 warps: one wave holds dispatch.decode_splits).
+#ifndef ATTN_DECODE_BLOCKS
+#define ATTN_DECODE_BLOCKS 3
+#endif
 #define ATTN_DECODE(NAME, KV)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(128, 3)                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * ATTN_DECODE_WARPS, ATTN_DECODE_BLOCKS)                      \
         NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
              const int* pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk, int parts,  \
              float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,                  \

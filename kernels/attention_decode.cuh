@@ -7,13 +7,18 @@
 #ifndef ATTN_DECODE_TILE16
 #define ATTN_DECODE_TILE16 1  // 0: 32-key tiles always, for comparisons (decode below)
 #endif
+#ifndef ATTN_DECODE_WARPS
+#define ATTN_DECODE_WARPS 4  // warps a block (decode below); the host reads it from the kernel's launch bounds
+#endif
 
 namespace {
 
 // ---- decode ----------------------------------------------------------------------------------------------------
-// Block (b, split s), 4 warps: b = g * parts + part takes q heads [b * G, +G) of kv head g (G = H / KVH / parts).
-// The split's keys are dealt to warps in tiles of tk = 32 or 16 keys (warp w: tiles w, w+4, ...); every warp keeps
-// its own online softmax for GC q heads at once and the 4 are merged at the end, so a block reads each K/V row once
+constexpr int DW = ATTN_DECODE_WARPS;
+
+// Block (b, split s), DW warps: b = g * parts + part takes q heads [b * G, +G) of kv head g (G = H / KVH / parts).
+// The split's keys are dealt to warps in tiles of tk = 32 or 16 keys (warp w: tiles w, w+DW, ...); every warp keeps
+// its own online softmax for GC q heads at once and the DW are merged at the end, so a block reads each K/V row once
 // from memory.
 // Lane `lane` owns dims 4*lane + 128*i (i < NI) of q, k, v and of the accumulators. Scores of a tile come in GC
 // groups of KG = 32/GC keys: each lane forms the KG x GC partial dot products of its dims, and one transpose_sum
@@ -36,8 +41,8 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
     const KV* kg = kc + (long long)g * hd;
     const KV* vg = vc + (long long)g * vd;
     float* sp = sm + warp * 32 * GC;         // [32 keys][GC heads]: probabilities of this warp's current tile
-    float* sacc = sm + 4 * 32 * GC;          // [4 warps][GC][NI * 128]: accumulators, for the merge
-    float* sml = sacc + 4 * GC * NI * 128;   // [4 warps][GC][2]: max (log2 units) and sum
+    float* sacc = sm + DW * 32 * GC;         // [DW warps][GC][NI * 128]: accumulators, for the merge
+    float* sml = sacc + DW * GC * NI * 128;  // [DW warps][GC][2]: max (log2 units) and sum
     const float qscale = scale * LOG2E;
 
     for (int c0 = 0; c0 < G; c0 += GC) {
@@ -53,7 +58,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
             }
         float m = neg_inf(), l = 0.0f;  // for head lane % GC: running max, and this lane's share of the sum
 
-        for (int kt = k0 + tk * warp; kt < k1; kt += 4 * tk) {
+        for (int kt = k0 + tk * warp; kt < k1; kt += DW * tk) {
             const int nk = min(tk, k1 - kt);  // a group past it (16-key tiles: the second half) skips as past a split
             // Raw scores go to sp (sp[j*32 + lane] for group j) so the group loop need not be unrolled: unrolled,
             // the compiler hoists every group's loads and runs out of registers.
@@ -129,7 +134,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
             __syncwarp();  // sp is rewritten by the next tile
         }
 
-        // Merge the 4 warps: o = sum_w acc_w * 2^(m_w - M), sum likewise; an empty warp has m = -inf, weight 0.
+        // Merge the DW warps: o = sum_w acc_w * 2^(m_w - M), sum likewise; an empty warp has m = -inf, weight 0.
 #pragma unroll
         for (int o = GC; o < 32; o <<= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
         if (lane < GC) {
@@ -141,15 +146,15 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #pragma unroll
             for (int i = 0; i < NI; ++i) sts4(sacc + (warp * GC + h) * NI * 128 + 128 * i + 4 * lane, acc[h][i]);
         __syncthreads();
-        for (int idx = threadIdx.x; idx < GC * vd; idx += 128) {
+        for (int idx = threadIdx.x; idx < GC * vd; idx += 32 * DW) {
             const int h = idx / vd, e = idx - h * vd;
             if (c0 + h >= G) break;  // idx only grows, so every later idx is a padding head too
             float M = neg_inf();
 #pragma unroll
-            for (int w = 0; w < 4; ++w) M = fmaxf(M, sml[(w * GC + h) * 2]);
+            for (int w = 0; w < DW; ++w) M = fmaxf(M, sml[(w * GC + h) * 2]);
             float o = 0.0f, L = 0.0f;
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
+            for (int w = 0; w < DW; ++w) {
                 const float mw = sml[(w * GC + h) * 2];
                 const float f = mw == neg_inf() ? 0.0f : exp2f(mw - M);
                 o = fmaf(f, sacc[(w * GC + h) * NI * 128 + e], o);
@@ -187,6 +192,7 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #define ATTN_FOLD_WEIGHTS 1
 #endif
 constexpr int FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2;  // decode's shared floats (the weights' room)
+constexpr int DECODE_FLOATS = DW / 4 * FOLD_FLOATS;                 // [DW][32][8] + [DW][8][128] + [DW][8][2]
 
 __device__ __forceinline__ void combine_heads(const float* part_o, const float* part_ml, int b, int G, int n_splits,
                                               int active, int vd, float* __restrict__ out, float* sm) {
@@ -194,7 +200,7 @@ __device__ __forceinline__ void combine_heads(const float* part_o, const float* 
     float* ws = sm;               // [G][active]: w_s of each head (G * (active + 1) <= FOLD_FLOATS: k_attention checks)
     float* ls = sm + G * active;  // [G]: sum_s w_s * l_s
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int h = warp; h < G; h += 4) {
+    for (int h = warp; h < G; h += DW) {
         const float* ml = part_ml + (long long)(b * G + h) * n_splits * 2;
         float M = neg_inf();
         for (int s = lane; s < active; s += 32) M = fmaxf(M, __ldcg(ml + 2 * s));
@@ -275,7 +281,7 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
                                        float scale, int n_splits, int min_chunk, int parts, float* __restrict__ part_o,
                                        float* __restrict__ part_ml, int* __restrict__ counters,
                                        float* __restrict__ out, int prefetch) {
-    __shared__ float4 sm4[FOLD_FLOATS / 4];
+    __shared__ float4 sm4[DECODE_FLOATS / 4];
     __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
     const int t = blockIdx.z;
@@ -289,13 +295,13 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     // One active split (folded): its block writes out itself, with no partials, ticket or second pass.
     const int th = t * H;  // heads of the tokens before t (n * H * max(hd, n_splits * vd) < 2^31)
     float* direct = counters && active == 1 ? out + th * vd : nullptr;
-    // Keys a warp's tile: 16 where the block's keys fit 4 of them (ATTN_DECODE_TILE16), else 32. A short split (a
-    // decode step's first 64 keys, a system1 prompt's tokens) then spreads over all 4 warps, each with half the chain
+    // Keys a warp's tile: 16 where the block's keys fit DW of them (ATTN_DECODE_TILE16), else 32. A short split (a
+    // decode step's first 64 keys, a system1 prompt's tokens) then spreads over all the warps, each with half the chain
     // of dependent reads (one group of K rows, 16 V rows) instead of one or two warps with two of each. On an H200
     // (2026-12-05, the Qwen3-0.6B shape after 16 cached tokens, two interleaved rounds): the decode step 0.7445 /
     // 0.7437 -> 0.7198 / 0.7176 ms, the 13-token step 1.305 / 1.304 -> 1.257 / 1.262, 32 tokens (keys past 64)
     // 1.733 / 1.732 -> 1.732 / 1.731; engine bench decode 1,223 / 1,223 -> 1,245 / 1,246 tok/s.
-    const int tk = ATTN_DECODE_TILE16 && k1 - k0 <= 64 ? 16 : 32;
+    const int tk = ATTN_DECODE_TILE16 && k1 - k0 <= 16 * DW ? 16 : 32;
 #define DECODE(NI, GC)                                                                                         \
     decode_heads<NI, GC>(q + th * hd, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, k1, tk, \
                          part_o + th * n_splits * vd, part_ml + th * n_splits * 2, direct, sm)

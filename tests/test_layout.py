@@ -93,3 +93,15 @@ def test_attn_decode_fold_room_follows_the_kernel():
     room = re.search(r"constexpr int FOLD_FLOATS = ([^;]+);", text)
     assert room, "attention_decode.cuh's FOLD_FLOATS moved"
     assert eval(room.group(1), {}) == k_attention.FOLD_FLOATS  # an integer expression of literals
+
+
+def test_attn_decode_default_block_follows_the_kernel():
+    """k_attention.DECODE_THREADS[0] is attn_decode's default block, and dispatch's wave its blocks an SM on 132 SMs."""
+    from engine.cuda import dispatch, k_attention
+
+    text = (ROOT / "kernels" / "attention_decode.cuh").read_text() + (ROOT / "kernels" / "attention.cu").read_text()
+    warps = re.search(r"#define ATTN_DECODE_WARPS (\d+)", text)
+    blocks = re.search(r"#define ATTN_DECODE_BLOCKS (\d+)", text)
+    assert warps and blocks, "attn_decode's block constants moved"
+    assert 32 * int(warps.group(1)) == k_attention.DECODE_THREADS[0]
+    assert 132 * int(blocks.group(1)) == dispatch.DECODE_WAVE_BLOCKS

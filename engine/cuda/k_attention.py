@@ -18,6 +18,7 @@ from engine.errors import CudaError
 MAX_HEAD_DIM = 256  # hd and vd; rope_dim / 2 <= 128 cos/sin pairs in shared memory
 MAX_COMBINE_SPLITS = 64  # attn_combine's weights in shared memory
 FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2  # attn_decode's shared floats: the folded combine's weights' room
+DECODE_THREADS = (128, 256)  # attn_decode's block: 4 warps (attention_decode.cuh's ATTN_DECODE_WARPS), 8 compares
 
 
 def _heads(H: int, KVH: int, hd: int, vd: int) -> None:
@@ -95,7 +96,16 @@ def attn_decode(
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             i32(n_splits), i32(min_chunk), i32(parts), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out),
             i32(1 if prefetch else 0)]  # fmt: skip
-    return Launch(fn, (KVH * parts, n_splits, n), (128,), args)
+    return Launch(fn, (KVH * parts, n_splits, n), (decode_threads(fn),), args)
+
+
+def decode_threads(fn) -> int:
+    """attn_decode's block: the threads its kernel was built for (its launch bounds), so that a rebuilt module needs no
+    other change."""
+    threads = driver.block_limit(fn)
+    if threads not in DECODE_THREADS:
+        raise CudaError(f"attn_decode: a kernel built for {threads} threads a block, not one of {DECODE_THREADS}")
+    return threads
 
 
 def decode_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, pos: DeviceArray, H: int, KVH: int,
