@@ -7,23 +7,23 @@
 #include "attention_prefill.cuh"
 #include "attention_prefill_tc.cuh"
 
-// attn_decode over a float cache, attn_decode_f16 over a __half one (KV_CACHE_TYPE=f16): the same arguments.
-// ATTN_DECODE_BLOCKS: blocks an SM the registers must allow (3 of 4 warps: one wave holds dispatch.decode_splits).
-#ifndef ATTN_DECODE_BLOCKS
-#define ATTN_DECODE_BLOCKS 3
-#endif
-#define ATTN_DECODE(NAME, KV)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * ATTN_DECODE_WARPS, ATTN_DECODE_BLOCKS)                      \
+// attn_decode over a float cache, attn_decode_f16 over a __half one (KV_CACHE_TYPE=f16): the same arguments; 4 warps
+// a block, 3 blocks an SM (one wave holds dispatch.decode_splits). attn_decode_w8[_f16]: 8 warps, 2 blocks an SM, for
+// at most 4 q heads a block with rows at most 128 wide (the paths that fit 128 registers; dispatch.decode_warps).
+#define ATTN_DECODE(NAME, KV, WARPS, BLOCKS)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, BLOCKS)                                               \
         NAME(const float* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,          \
              const int* pos, int H, int KVH, int hd, int vd, float scale, int n_splits, int min_chunk, int parts,  \
              float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,                  \
              float* __restrict__ out, int prefetch) {                                                              \
         pdl::launch_dependents();                                                                                  \
-        decode<KV>(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n_splits, min_chunk, parts, part_o, part_ml,  \
-                   counters, out, prefetch);                                                                       \
+        decode<WARPS, KV>(q, k_cache, v_cache, pos, H, KVH, hd, vd, scale, n_splits, min_chunk, parts, part_o,    \
+                          part_ml, counters, out, prefetch);                                                       \
     }
-ATTN_DECODE(attn_decode, float)
-ATTN_DECODE(attn_decode_f16, __half)
+ATTN_DECODE(attn_decode, float, 4, 3)
+ATTN_DECODE(attn_decode_f16, __half, 4, 3)
+ATTN_DECODE(attn_decode_w8, float, 8, 2)
+ATTN_DECODE(attn_decode_w8_f16, __half, 8, 2)
 #undef ATTN_DECODE
 
 

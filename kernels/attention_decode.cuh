@@ -7,16 +7,15 @@
 #ifndef ATTN_DECODE_TILE16
 #define ATTN_DECODE_TILE16 1  // 0: 32-key tiles always, for comparisons (decode below)
 #endif
-#ifndef ATTN_DECODE_WARPS
-#define ATTN_DECODE_WARPS 4  // warps a block (decode below); the host reads it from the kernel's launch bounds
-#endif
 
 namespace {
 
-// ---- decode ----------------------------------------------------------------------------------------------------
-constexpr int DW = ATTN_DECODE_WARPS;
+// decode's shared floats: decode_heads' tiles, accumulators and maxima ([4 warps][32][8] + [4][8][128] + [4][8][2];
+// 8 warps of 4 heads fit the same), then the folded combine's weights
+constexpr int FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2;
 
-// Block (b, split s), DW warps: b = g * parts + part takes q heads [b * G, +G) of kv head g (G = H / KVH / parts).
+// ---- decode ----------------------------------------------------------------------------------------------------
+// Block (b, split s), DW warps (4; 8 in attn_decode_w8): b = g * parts + part takes q heads [b * G, +G) of kv head g (G = H / KVH / parts).
 // The split's keys are dealt to warps in tiles of tk = 32 or 16 keys (warp w: tiles w, w+DW, ...); every warp keeps
 // its own online softmax for GC q heads at once and the DW are merged at the end, so a block reads each K/V row once
 // from memory.
@@ -25,13 +24,14 @@ constexpr int DW = ATTN_DECODE_WARPS;
 // leaves lane L holding score (key j*KG + L/GC, head L%GC) of group j in sc[j]. Heads beyond GC are done in further
 // passes over the keys (more than 8 heads a block, or 4 with 256-wide heads); padding heads (q = 0) are computed and
 // dropped.
-template <int NI, int GC, typename KV>
+template <int NI, int GC, int DW, typename KV>
 __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const KV* __restrict__ kc,
                                              const KV* __restrict__ vc, int G, int parts, int KVH, int hd, int vd,
                                              float scale, int n_splits, int k0, int k1, int tk,
                                              float* __restrict__ part_o, float* __restrict__ part_ml,
                                              float* __restrict__ direct, float* sm) {
     constexpr int KG = 32 / GC;
+    static_assert(DW * (32 * GC + GC * NI * 128 + GC * 2) <= FOLD_FLOATS, "the merge's shared floats");
     // Rows of V in flight: 16 where the registers hold them (f16 rows; float rows with GC <= 2), else 8. On an H200
     // (2026-12-04, the Qwen3-0.6B shape, float cache, 64-key context) 16 against 8: attn_decode 8.1 -> 6.9 us a
     // launch, the decode step 0.789 -> 0.757 ms; float rows with GC = 4 or 8 spill at 16.
@@ -191,9 +191,8 @@ __device__ __forceinline__ void decode_heads(const float* __restrict__ q, const 
 #ifndef ATTN_FOLD_WEIGHTS
 #define ATTN_FOLD_WEIGHTS 1
 #endif
-constexpr int FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2;  // decode's shared floats (the weights' room)
-constexpr int DECODE_FLOATS = DW / 4 * FOLD_FLOATS;                 // [DW][32][8] + [DW][8][128] + [DW][8][2]
 
+template <int DW>
 __device__ __forceinline__ void combine_heads(const float* part_o, const float* part_ml, int b, int G, int n_splits,
                                               int active, int vd, float* __restrict__ out, float* sm) {
 #if ATTN_FOLD_WEIGHTS
@@ -275,13 +274,13 @@ __device__ __forceinline__ void prefetch_keys(const KV* kc, const KV* vc, const 
 // block writes out directly, bit for bit what the combine would (weight exp(0) = 1). Without (counters null): every
 // split writes its partials (empty ones m = -inf, l = 0) for attn_combine over all n_splits. dispatch.decode_attention
 // picks.
-template <typename KV>
+template <int DW, typename KV>
 __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __restrict__ k_cache,
                                        const KV* __restrict__ v_cache, const int* pos, int H, int KVH, int hd, int vd,
                                        float scale, int n_splits, int min_chunk, int parts, float* __restrict__ part_o,
                                        float* __restrict__ part_ml, int* __restrict__ counters,
                                        float* __restrict__ out, int prefetch) {
-    __shared__ float4 sm4[DECODE_FLOATS / 4];
+    __shared__ float4 sm4[FOLD_FLOATS / 4];
     __shared__ int ticket;
     float* sm = reinterpret_cast<float*>(sm4);
     const int t = blockIdx.z;
@@ -303,7 +302,7 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     // 1.733 / 1.732 -> 1.732 / 1.731; engine bench decode 1,223 / 1,223 -> 1,245 / 1,246 tok/s.
     const int tk = ATTN_DECODE_TILE16 && k1 - k0 <= 16 * DW ? 16 : 32;
 #define DECODE(NI, GC)                                                                                         \
-    decode_heads<NI, GC>(q + th * hd, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, k1, tk, \
+    decode_heads<NI, GC, DW>(q + th * hd, k_cache, v_cache, G, parts, KVH, hd, vd, scale, n_splits, k0, k1, tk, \
                          part_o + th * n_splits * vd, part_ml + th * n_splits * 2, direct, sm)
     // GC heads a pass, a kv head's q heads rounded up to 2, 4 or 8 (the rest padded with zero heads); rows wider than
     // 128 take 4 (GC = 2 there would hold 16 keys' 256-wide loads in flight a group). GC = 2 has 16 keys' loads in
@@ -311,7 +310,9 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     // Qwen3-0.6B shape, against GC = 4 with 2 padding heads) attn_decode 8.6 -> 8.1 us a launch at a 64-key context,
     // the decode step 0.8174 -> 0.7900 ms, the attention of a step at 4,096 keys 0.727 -> 0.708 ms and at 16,384
     // 1.728 -> 1.716 (168 registers either way, no spills; 8 V rows in flight then, see decode_heads).
-    if (max(hd, vd) <= 128) {
+    if constexpr (DW > 4) {  // attn_decode_w8: at most 4 q heads a block, rows at most 128 wide (k_attention checks)
+        if (G > 2) DECODE(1, 4); else DECODE(1, 2);
+    } else if (max(hd, vd) <= 128) {
         if (G > 4) DECODE(1, 8); else if (G > 2) DECODE(1, 4); else DECODE(1, 2);
     } else {
         DECODE(2, 4);
@@ -324,7 +325,7 @@ __device__ __forceinline__ void decode(const float* __restrict__ q, const KV* __
     __syncthreads();
     if (ticket != active - 1) return;
     __threadfence();
-    combine_heads(part_o + th * n_splits * vd, part_ml + th * n_splits * 2, blockIdx.x, G, n_splits, active, vd,
+    combine_heads<DW>(part_o + th * n_splits * vd, part_ml + th * n_splits * 2, blockIdx.x, G, n_splits, active, vd,
                   out + th * vd, sm);
     if (threadIdx.x == 0) *counter = 0;  // for the next launch
 }

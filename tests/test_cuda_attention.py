@@ -175,14 +175,19 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
     kc, vc = cache_with(k, L + 9, kv=kv), cache_with(v, L + 9, kv=kv)  # rows >= L are NaN and must not be read
     dq, pos = dev(q), dev(np.array([L - 1]), np.int32)
     ref = attention64(q, k, v, L - 1, scale)[0]
-    forms = [(m, p) for m in (1, 32, 128) for p in sorted({1, dispatch.shared_parts(group)})]
-    for min_chunk, parts in forms:  # parts: one block a kv head, and as many as REFLEX_ATTN_PARTS=shared takes
-        ctx = f"L={L} group={group} hd={hd}/{vd} splits={n_splits} min_chunk={min_chunk} parts={parts} {kv} seed {seed}"
+    # parts: one block a kv head, and as many as REFLEX_ATTN_PARTS=shared takes; warps: attn_decode's 4 a block, and
+    # attn_decode_w8's 8 where its paths take the heads (at most 4 a block, rows at most 128 wide)
+    forms = [(m, p, w) for m in (1, 32, 128) for p in sorted({1, dispatch.shared_parts(group)}) for w in (4, 8)
+             if w == 4 or (group // p <= 4 and max(hd, vd) <= 128)]  # fmt: skip
+    for min_chunk, parts, warps in forms:
+        ctx = (f"L={L} group={group} hd={hd}/{vd} splits={n_splits} min_chunk={min_chunk} parts={parts} warps={warps} "
+               f"{kv} seed {seed}")  # fmt: skip
         # folded: one launch, the last block of each row of blocks combines
         part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
         tickets = ka.split_counters(KVH * parts)
         launch = ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, tickets, out,
-                                min_chunk=min_chunk, parts=parts)  # fmt: skip
+                                min_chunk=min_chunk, parts=parts, warps=warps)  # fmt: skip
+        assert launch.block == (32 * warps,), ctx
         run(launch)
         first = out.to_host()
         np.testing.assert_allclose(first, ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
@@ -192,12 +197,13 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
         assert np.array_equal(out.to_host(), first), ctx
         out.copy_from_host(np.full((H, vd), np.nan, np.float32))
         run(ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, tickets, out,
-                           min_chunk=min_chunk, parts=parts, prefetch=not dispatch.prefetch_keys()))  # fmt: skip
+                           min_chunk=min_chunk, parts=parts, prefetch=not dispatch.prefetch_keys(),
+                           warps=warps))  # fmt: skip
         assert np.array_equal(out.to_host(), first), f"{ctx}: the L2 prefetch (a hint) changed the result"
         # partials for attn_combine: every split written, empty ones too
         part_o, part_ml, out = poisoned((H, n_splits, vd)), poisoned((H, n_splits, 2)), poisoned((H, vd))
         run(ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, min_chunk=min_chunk,
-                           parts=parts))  # fmt: skip
+                           parts=parts, warps=warps))  # fmt: skip
         assert not np.isnan(part_o.to_host()).any() and not np.isnan(part_ml.to_host()).any(), ctx
         run(ka.attn_combine(part_o, part_ml, H, n_splits, vd, out))
         combined = out.to_host()
@@ -227,10 +233,13 @@ def test_attn_decode_f16_cache(L: int, group: int, hd: int, vd: int, seed: int) 
 @pytest.mark.parametrize("n, L", [(2, 2), (13, 77), (16, 16), (5, 900), (16, 4100)])
 @pytest.mark.parametrize("group, hd, vd", [(2, 128, 128), (4, 256, 256), (8, 128, 128), (3, 96, 64)])
 @pytest.mark.parametrize("kv", ["f4", "f2"])
-def test_attn_decode_of_a_batch(n: int, L: int, group: int, hd: int, vd: int, kv: str, seed: int) -> None:
+@pytest.mark.parametrize("warps", ["4", "8"])
+def test_attn_decode_of_a_batch(n, L, group, hd, vd, kv, warps, seed, monkeypatch) -> None:
     """n tokens at positions L-n .. L-1 through attn_decode (grid.z: a token each, its own causal length, partials
-    and counters; decode_launches' split count and views), folded or with attn_combine as the dispatch rule picks:
-    against float64, the rows past the n tokens' outputs untouched, the same bits on a second launch."""
+    and counters; decode_launches' split count and views), folded or with attn_combine as the dispatch rule picks
+    (REFLEX_ATTN_WARPS too): against float64, the rows past the n tokens' outputs untouched, the same bits on a
+    second launch."""
+    monkeypatch.setenv("REFLEX_ATTN_WARPS", warps)
     rng = np.random.default_rng(seed)
     KVH = 2
     H, scale = KVH * group, 1.0 / np.sqrt(hd)
@@ -244,9 +253,9 @@ def test_attn_decode_of_a_batch(n: int, L: int, group: int, hd: int, vd: int, kv
     part_o, part_ml = poisoned((H, splits, vd)), poisoned((H, splits, 2))
     tickets = ka.split_counters(dispatch.DECODE_TOKENS * H)
     out = poisoned((n + 1, H * vd))
-    ctx = f"n={n} L={L} group={group} hd={hd}/{vd} {kv} seed {seed}"
+    ctx = f"n={n} L={L} group={group} hd={hd}/{vd} {kv} warps={warps} seed {seed}"
     launches = ka.decode_launches(dq, kc, vc, pos, H, KVH, hd, vd, scale, part_o, part_ml, tickets, out, n)
-    assert all(launch.grid[-1] == n for launch in launches if launch.name.endswith("attn_decode")), ctx
+    assert all(launch.grid[-1] == n for launch in launches if "attn_decode" in launch.name), ctx
     for launch in launches:
         run(launch)
     got = out.to_host()
@@ -329,6 +338,19 @@ def test_decode_launches_follow_the_dispatch_rule(monkeypatch) -> None:
         launches = ka.decode_launches(q, kc, vc, pos, H, 2, 64, 64, 0.125, part_o, part_ml, ka.split_counters(H), out)
         assert [launch.name.split(".")[-1] for launch in launches] == names, group
         assert launches[0].grid[0] == grid_x, group
+    # REFLEX_ATTN_WARPS=8: attn_decode_w8 (256 threads) where a block scores at most 4 heads of at most 128 dims
+    monkeypatch.setenv("REFLEX_ATTN_PARTS", "")
+    monkeypatch.setenv("REFLEX_ATTN_WARPS", "8")
+    for group, hd, name in ((2, 64, "attn_decode_w8"), (4, 128, "attn_decode_w8"), (6, 64, "attn_decode"),
+                            (2, 256, "attn_decode")):  # fmt: skip
+        H = 2 * group
+        kc, vc = DeviceArray.empty((64, 2, hd)), DeviceArray.empty((64, 2, hd))
+        q, out = DeviceArray.empty((H * hd,)), DeviceArray.empty((H * hd,))
+        part_o, part_ml = DeviceArray.empty((H, 32, hd)), DeviceArray.empty((H, 32, 2))
+        launches = ka.decode_launches(q, kc, vc, pos, H, 2, hd, hd, 0.125, part_o, part_ml, ka.split_counters(H), out)
+        assert launches[0].name.split(".")[-1] == name and launches[0].block == (256 if name.endswith("w8") else 128,)
+    with pytest.raises(CudaError, match="warps a block"):
+        ka.attn_decode(q, kc, vc, pos, H, 2, 256, 256, 0.1, 32, part_o, part_ml, warps=8)
 
 
 @pytest.mark.parametrize("L, group, hd, vd, n_splits", [(300, 3, 96, 96, 16), (129, 16, 128, 128, 8),

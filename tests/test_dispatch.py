@@ -39,12 +39,30 @@ def test_decode_splits_fill_one_wave_where_the_form_is_folded(monkeypatch) -> No
         s = dispatch.decode_splits(H, KVH, vd)
         assert dispatch.N_SPLITS <= s <= dispatch.MAX_SPLITS
         rows = KVH * dispatch.decode_attention(H, KVH)[2]
-        fits = rows * s <= dispatch.DECODE_WAVE_BLOCKS and H // rows * vd * s <= dispatch.COMBINE_TAIL
+        fits = rows * s <= dispatch.DECODE_WAVE_BLOCKS[4] and H // rows * vd * s <= dispatch.COMBINE_TAIL
         assert s == dispatch.N_SPLITS or fits
     monkeypatch.setenv("REFLEX_DECODE_SPLITS", "48")  # one count for every form, for comparisons
     assert dispatch.decode_splits(16, 8, 128) == dispatch.decode_splits(32, 4, 128) == dispatch.combine_splits() == 48
     monkeypatch.setenv("REFLEX_DECODE_SPLITS", "500")
     assert dispatch.combine_splits() == dispatch.MAX_SPLITS
+
+
+def test_decode_warps_are_four_unless_eight_are_asked_for_narrow_heads(monkeypatch) -> None:
+    monkeypatch.delenv("REFLEX_DECODE_SPLITS", raising=False)
+    monkeypatch.delenv("REFLEX_ATTN_WARPS", raising=False)
+    assert {dispatch.decode_warps(G, hd, hd) for G in (1, 2, 4, 8) for hd in (64, 128, 256)} == {4}
+    monkeypatch.setenv("REFLEX_ATTN_WARPS", "8")  # attn_decode_w8: at most 4 heads a block, at most 128 wide
+    assert dispatch.decode_warps(2, 128, 128) == dispatch.decode_warps(4, 64, 64) == 8
+    assert {
+        dispatch.decode_warps(5, 128, 128),
+        dispatch.decode_warps(2, 256, 256),
+        dispatch.decode_warps(2, 192, 128),
+    } == {4}
+    # its wave: 2 blocks an SM, so the Qwen3-0.6B shape's 8 kv heads take 33 splits (264 blocks), not 49
+    assert dispatch.decode_splits(16, 8, 128, 128) == 33 and dispatch.decode_splits(8, 2, 256, 256) == dispatch.N_SPLITS
+    monkeypatch.setenv("REFLEX_ATTN_WARPS", "6")
+    with pytest.raises(InvalidInput, match="REFLEX_ATTN_WARPS"):
+        dispatch.decode_warps(2, 128, 128)
 
 
 def test_decode_attention_keeps_a_kv_head_in_one_block_unless_shared(monkeypatch) -> None:

@@ -29,7 +29,9 @@ TC_MIN = SMALL_BATCH + 1
 # attn_combine's limit) sets every count, for comparisons.
 N_SPLITS = 32
 MAX_SPLITS = 64
-DECODE_WAVE_BLOCKS = 396  # attn_decode blocks resident at once on an H200: 132 SMs x 3 (its __launch_bounds__)
+# attn_decode blocks resident at once on an H200's 132 SMs, by warps a block (their __launch_bounds__): 3 of 4 warps
+# (attn_decode), 2 of 8 (attn_decode_w8)
+DECODE_WAVE_BLOCKS = {4: 396, 8: 264}
 COMBINE_TAIL = 16384  # partial values (G heads x vd x splits) the last block of a kv head sums after the others
 
 
@@ -38,21 +40,32 @@ def combine_splits() -> int:
     return min(MAX_SPLITS, env_int("REFLEX_DECODE_SPLITS", N_SPLITS, minimum=1))
 
 
-def decode_splits(H: int, KVH: int, vd: int) -> int:
-    """Key splits of attn_decode for H q heads over KVH kv heads of vd value dims. Folded, as many as one wave of blocks
-    holds (KVH x parts x splits <= DECODE_WAVE_BLOCKS) while the last block's combine stays short (its q heads x vd x
-    splits <= COMBINE_TAIL), from N_SPLITS to MAX_SPLITS: a split past the keys returns at once, so a short context pays
-    nothing, and a long one reads the cache from every SM. One H200 (2026-12-03, scripts/bench_long_context.py, decode
-    tok/s as generate runs it): the Qwen3-0.6B shape (8 kv heads of 2 q heads, vd 128) with 48-49 splits instead of 32,
-    at 40,900 keys 256 -> 288 (f32 cache) and 297 -> 356 (f16), at 16,384 439 -> 461 and 489 -> 525, at 64 and 4,096
-    within 1 %; 64 splits (1.3 waves) 233 at 40,900. The Qwen3.5-0.8B hybrid (2 kv heads of 4, vd 256) with 64: 456 ->
-    526 at 65,535 keys but 672 -> 662 (f32) and 696 -> 669 (f16) at 16,384, where its combine of 4 x 256 x 64 partials
-    sits behind every other block: it keeps 32."""
+def decode_warps(G: int, hd: int, vd: int) -> int:
+    """Warps of an attn_decode block scoring G q heads of hd / vd dims: 4, or 8 with REFLEX_ATTN_WARPS=8 where G <= 4
+    and hd, vd <= 128 (attn_decode_w8's paths), for comparisons. 8 warps take 16-key tiles to 128 keys a split and
+    32-key ones to 256 (4: to 64 and 128), and hold 16 warps an SM where a long context fills a wave (4: 12)."""
+    warps = env_int("REFLEX_ATTN_WARPS", 4, minimum=1)
+    if warps not in DECODE_WAVE_BLOCKS:
+        raise InvalidInput(f"REFLEX_ATTN_WARPS must be one of {tuple(DECODE_WAVE_BLOCKS)}, got {warps}")
+    return 8 if warps == 8 and G <= 4 and max(hd, vd) <= 128 else 4
+
+
+def decode_splits(H: int, KVH: int, vd: int, hd: int | None = None) -> int:
+    """Key splits of attn_decode for H q heads over KVH kv heads of hd / vd dims (hd None: vd). Folded, as many as one
+    wave of its blocks holds (KVH x parts x splits <= DECODE_WAVE_BLOCKS[decode_warps]) while the last block's combine
+    stays short (its q heads x vd x splits <= COMBINE_TAIL), from N_SPLITS to MAX_SPLITS: a split past the keys returns
+    at once, so a short context pays nothing, and a long one reads the cache from every SM. One H200 (2026-12-03,
+    scripts/bench_long_context.py, decode tok/s as generate runs it): the Qwen3-0.6B shape (8 kv heads of 2 q heads, vd
+    128) with 48-49 splits instead of 32, at 40,900 keys 256 -> 288 (f32 cache) and 297 -> 356 (f16), at 16,384 439 ->
+    461 and 489 -> 525, at 64 and 4,096 within 1 %; 64 splits (1.3 waves) 233 at 40,900. The Qwen3.5-0.8B hybrid (2 kv
+    heads of 4, vd 256) with 64: 456 -> 526 at 65,535 keys but 672 -> 662 (f32) and 696 -> 669 (f16) at 16,384, where
+    its combine of 4 x 256 x 64 partials sits behind every other block: it keeps 32."""
     fold, _, parts = decode_attention(H, KVH)
     if os.environ.get("REFLEX_DECODE_SPLITS") or not fold:
         return combine_splits()
     rows = KVH * parts  # blocks a split
-    fits = min(DECODE_WAVE_BLOCKS // rows, COMBINE_TAIL // (H // rows * vd))
+    wave = DECODE_WAVE_BLOCKS[decode_warps(H // rows, vd if hd is None else hd, vd)]
+    fits = min(wave // rows, COMBINE_TAIL // (H // rows * vd))
     return min(MAX_SPLITS, max(N_SPLITS, fits))
 
 

@@ -18,7 +18,6 @@ from engine.errors import CudaError
 MAX_HEAD_DIM = 256  # hd and vd; rope_dim / 2 <= 128 cos/sin pairs in shared memory
 MAX_COMBINE_SPLITS = 64  # attn_combine's weights in shared memory
 FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2  # attn_decode's shared floats: the folded combine's weights' room
-DECODE_THREADS = (128, 256)  # attn_decode's block: 4 warps (attention_decode.cuh's ATTN_DECODE_WARPS), 8 compares
 
 
 def _heads(H: int, KVH: int, hd: int, vd: int) -> None:
@@ -67,6 +66,7 @@ def attn_decode(
     parts: int = 1,  # blocks sharing a kv head's q heads (a whole divisor of H / KVH)
     prefetch: bool | None = None,  # each block's cache rows into L2 before its wait; None: dispatch.prefetch_keys()
     n: int = 1,  # tokens, each attending causally to keys 0..its position
+    warps: int | None = None,  # a block's: 4, or 8 (attn_decode_w8); None: dispatch.decode_warps
 ) -> Launch:  # fmt: skip
     """With counters and out: one launch, the splits combined by the last block of each row of blocks; without: the
     partials, for attn_combine over n*H heads (kernels/README.md; dispatch.decode_attention chooses)."""
@@ -92,20 +92,16 @@ def attn_decode(
     if counters is not None:
         need(counters, "counters", "i4", n * KVH * parts)
         need(out, "out", "f4", n * H * vd)
-    fn = driver.module("attention").fn(kv_kernel("attn_decode", k_cache))
+    G = H // KVH // parts
+    if warps is None:
+        warps = dispatch.decode_warps(G, hd, vd)
+    if warps not in (4, 8) or (warps == 8 and (G > 4 or max(hd, vd) > 128)):
+        raise CudaError(f"attn_decode: {warps} warps a block for {G} q heads of {hd}/{vd} dims (8: at most 4 of 128)")
+    fn = driver.module("attention").fn(kv_kernel("attn_decode" if warps == 4 else "attn_decode_w8", k_cache))
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
             i32(n_splits), i32(min_chunk), i32(parts), ptr(part_o), ptr(part_ml), ptr(counters), ptr(out),
             i32(1 if prefetch else 0)]  # fmt: skip
-    return Launch(fn, (KVH * parts, n_splits, n), (decode_threads(fn),), args)
-
-
-def decode_threads(fn) -> int:
-    """attn_decode's block: the threads its kernel was built for (its launch bounds), so that a rebuilt module needs no
-    other change."""
-    threads = driver.block_limit(fn)
-    if threads not in DECODE_THREADS:
-        raise CudaError(f"attn_decode: a kernel built for {threads} threads a block, not one of {DECODE_THREADS}")
-    return threads
+    return Launch(fn, (KVH * parts, n_splits, n), (32 * warps,), args)
 
 
 def decode_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, pos: DeviceArray, H: int, KVH: int,
@@ -140,11 +136,11 @@ def attention_launches(q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArra
     return [attn_prefill(q, k_cache, v_cache, pos, n, H, KVH, hd, vd, scale, out, tc=tc)]
 
 
-def decode_buffers(H: int, KVH: int, vd: int) -> tuple[DeviceArray, DeviceArray, DeviceArray]:
-    """A model's scratch for decode_launches, H q heads over KVH kv heads of vd value dims: part_o (H, S, vd) f32,
+def decode_buffers(H: int, KVH: int, vd: int, hd: int) -> tuple[DeviceArray, DeviceArray, DeviceArray]:
+    """A model's scratch for decode_launches, H q heads over KVH kv heads of hd / vd dims: part_o (H, S, vd) f32,
     part_ml (H, S, 2) f32 (S = dispatch.decode_splits) and the tickets of dispatch.DECODE_TOKENS tokens (16 H,) i32,
     zeroed (enough for any parts: KVH x parts <= H)."""
-    splits = dispatch.decode_splits(H, KVH, vd)
+    splits = dispatch.decode_splits(H, KVH, vd, hd)
     part_o = DeviceArray.empty((H, splits, vd))
     part_ml = DeviceArray.empty((H, splits, 2))
     return part_o, part_ml, split_counters(dispatch.DECODE_TOKENS * H)

@@ -86,7 +86,7 @@ class CudaModel:
         self.hb = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32
         self.hb2 = DeviceArray.empty((b, c.hidden_dim))  # (b, hidden) f32, only when gate/up types differ
         # (H, splits, vd) f32, (H, splits, 2) f32, (16*H,) i32: attn_decode's partials and tickets
-        self.part_o, self.part_ml, self.tickets = ka.decode_buffers(c.n_heads, c.n_kv_heads, c.value_dim)
+        self.part_o, self.part_ml, self.tickets = ka.decode_buffers(c.n_heads, c.n_kv_heads, c.value_dim, c.head_dim)
         kv_k = (c.n_layers, self.max_seq, c.n_kv_heads, c.head_dim)
         kv_v = (c.n_layers, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # (layers, max_seq, KVH, hd) f32 or f16, rows mapped by need

@@ -135,7 +135,7 @@ class CudaModel:
         self.v = DeviceArray.empty((b, c.n_kv_heads * c.value_dim))  # (b, KVH*vd) f32
         self.att = DeviceArray.empty((b, c.n_heads * c.value_dim))  # (b, H*vd) f32
         # (H, splits, vd) f32, (H, splits, 2) f32, (16*H,) i32: attn_decode's partials and tickets
-        self.part_o, self.part_ml, self.tickets = ka.decode_buffers(c.n_heads, c.n_kv_heads, c.value_dim)
+        self.part_o, self.part_ml, self.tickets = ka.decode_buffers(c.n_heads, c.n_kv_heads, c.value_dim, c.head_dim)
         kv_k, kv_v = (n_attn, self.max_seq, c.n_kv_heads, c.head_dim), (n_attn, self.max_seq, c.n_kv_heads, c.value_dim)
         self.k_cache = vmm.cache(kv_k, self.kv_dtype)  # f32 or f16, rows mapped by need
         self.v_cache = vmm.cache(kv_v, self.kv_dtype)  # f32 or f16, rows mapped by need
