@@ -26,6 +26,10 @@
 #   attntc     the tensor-core prefill attention (attn_prefill_tc, on by default): its kernel tests, bench_attention.py,
 #              then engine bench and engine profile (--batch 512 after 1 and 1,536 cached tokens, --batch 13 after 64)
 #              off, on, and on for short batches too (REFLEX_DECODE_TOKENS=0), interleaved, twice
+#   attnwarps  attn_decode_w8 (REFLEX_ATTN_WARPS=8, 8 warps a block) against attn_decode's 4: the attention tests, the
+#              dense and hybrid model tests with 8 warps, then engine bench and engine profile after 16, 80, 144, 200,
+#              1,000 and 4,000 cached tokens and for 13 tokens after 1, for 4 warps, 8, and 8 with a least split of
+#              256 keys (REFLEX_ATTN_MIN_CHUNK), interleaved, twice; scripts/ab_table.py's table in attnwarps.md
 #   gemmtc     the prefill GEMMs (REFLEX_PREFILL_GEMM: kernels/gemm_tc.cu's "pipe", the default from 256 tokens,
 #              and "dense"; gemm.cu's "tile"): their kernel and model tests, then engine bench and engine profile --batch 512 / 256 /
 #              128 for tile, dense and pipe (from 65 tokens on), interleaved, twice
@@ -192,6 +196,32 @@ for stage in $STAGES; do
               2>&1 | cut -c1-400
           done
         done
+      fi ;;
+    attnwarps)
+      m=$PWD/bench/models/qwen3-0.6b-shaped-q4_k_m.gguf
+      [ -f "$m" ] || python3 scripts/make_bench_model.py --quant q4_k_m >> "$OUT/attnwarps.log" 2>&1
+      timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_attention.py \
+        > "$OUT/attnwarps_tests.log" 2>&1 || stage_exit=1
+      REFLEX_ATTN_WARPS=8 timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_model.py \
+        tests/test_cuda_hybrid_model.py >> "$OUT/attnwarps_tests.log" 2>&1 || stage_exit=1
+      grep -E "passed|failed" "$OUT/attnwarps_tests.log"
+      if [ $stage_exit = 0 ]; then
+        mkdir -p "$OUT/attnwarps"
+        for round in 1 2; do
+          for v in "w4 4 128" "w8 8 128" "w8mc256 8 256"; do
+            set -- $v
+            export REFLEX_ATTN_WARPS=$2 REFLEX_ATTN_MIN_CHUNK=$3
+            timeout 150 python3 -m engine bench "$m" > "$OUT/attnwarps/bench_${1}_$round.json" 2>> "$OUT/attnwarps.log"
+            for p in 16 80 144 200 1000 4000; do
+              timeout 100 python3 -m engine profile "$m" --repeats 30 --prompt-tokens $p \
+                > "$OUT/attnwarps/profile_${1}_p${p}_$round.json" 2>> "$OUT/attnwarps.log"
+            done
+            timeout 100 python3 -m engine profile "$m" --repeats 20 --batch 13 --prompt-tokens 1 \
+              > "$OUT/attnwarps/profile_${1}_b13_$round.json" 2>> "$OUT/attnwarps.log"
+            unset REFLEX_ATTN_WARPS REFLEX_ATTN_MIN_CHUNK
+          done
+        done
+        python3 scripts/ab_table.py "$OUT/attnwarps" | tee "$OUT/attnwarps.md"
       fi ;;
     gemmtc)
       m=$PWD/bench/models/qwen3-0.6b-shaped-q4_k_m.gguf

@@ -187,7 +187,7 @@ def check_decode(L: int, group: int, hd: int, vd: int, n_splits: int, seed: int,
         tickets = ka.split_counters(KVH * parts)
         launch = ka.attn_decode(dq, kc, vc, pos, H, KVH, hd, vd, scale, n_splits, part_o, part_ml, tickets, out,
                                 min_chunk=min_chunk, parts=parts, warps=warps)  # fmt: skip
-        assert launch.block == (32 * warps,), ctx
+        assert launch.block[0] == 32 * warps, ctx
         run(launch)
         first = out.to_host()
         np.testing.assert_allclose(first, ref, rtol=1e-4, atol=3e-5, err_msg=ctx)
@@ -348,7 +348,7 @@ def test_decode_launches_follow_the_dispatch_rule(monkeypatch) -> None:
         q, out = DeviceArray.empty((H * hd,)), DeviceArray.empty((H * hd,))
         part_o, part_ml = DeviceArray.empty((H, 32, hd)), DeviceArray.empty((H, 32, 2))
         launches = ka.decode_launches(q, kc, vc, pos, H, 2, hd, hd, 0.125, part_o, part_ml, ka.split_counters(H), out)
-        assert launches[0].name.split(".")[-1] == name and launches[0].block == (256 if name.endswith("w8") else 128,)
+        assert launches[0].name.split(".")[-1] == name and launches[0].block[0] == (256 if name.endswith("w8") else 128)
     with pytest.raises(CudaError, match="warps a block"):
         ka.attn_decode(q, kc, vc, pos, H, 2, 256, 256, 0.1, 32, part_o, part_ml, warps=8)
 
