@@ -8,7 +8,9 @@
 #              (scripts/llama_source.sh makes it from the llama-cpp-python sdist) into $LLAMA_DIR
 #   models     the benchmark models: Qwen3-0.6B shaped (make_bench_model.py) and the MoE / MLA / hybrid shapes
 #              (make_family_bench_model.py), into bench/models
-#   peer       engine bench --cold $COLD_RUNS --peer llama.cpp=$LLAMA_DIR --plot, per model named in PEER_MODELS
+#   peer       engine bench --cold $COLD_RUNS --peer llama.cpp=$LLAMA_DIR --plot, per model named in PEER_MODELS (a
+#              bench/models stem, or a .gguf path: SmolLM2-135M, 98 MB, travels as two halves, one a device call,
+#              `split -n 2` here and `cat` there)
 #   worker     scripts/worker_cold.py on the Qwen3-0.6B-shaped Q4_K_M model (needs the runpod wheels)
 #   profile    engine profile --repeats 50 per model named in PROFILE_MODELS (default: the 4-layer MoE / MLA shapes)
 #   longctx    scripts/bench_long_context.py per model named in LONGCTX_MODELS (f32 and f16 K/V caches, decode step
@@ -109,8 +111,10 @@ for stage in $STAGES; do
       tail -12 "$OUT/models.log" ;;
     peer)
       for m in ${PEER_MODELS:-qwen3-0.6b-shaped-q4_k_m}; do
-        python3 -m engine prepare "bench/models/$m.gguf" >> "$OUT/peer.log" 2>&1
-        timeout "${PEER_TIMEOUT:-400}" python3 -m engine bench "bench/models/$m.gguf" --cold "${COLD_RUNS:-5}" \
+        f=bench/models/$m.gguf
+        [[ $m == *.gguf ]] && { f=$m; m=$(basename "$m" .gguf); }  # a file elsewhere (a real model carried in)
+        python3 -m engine prepare "$f" >> "$OUT/peer.log" 2>&1
+        timeout "${PEER_TIMEOUT:-400}" python3 -m engine bench "$f" --cold "${COLD_RUNS:-5}" \
           --peer "llama.cpp=${LLAMA_DIR:-/tmp/llama.cpp}/build" --plot "$OUT/peer_$m.svg" > "$OUT/peer_$m.json" 2>> "$OUT/peer.log"
         echo "$m: exit $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('ours_vs_peer'))" "$OUT/peer_$m.json"
       done ;;
