@@ -47,7 +47,12 @@ def decode_warps(G: int, hd: int, vd: int) -> int:
     warps = env_int("REFLEX_ATTN_WARPS", 4, minimum=1)
     if warps not in DECODE_WAVE_BLOCKS:
         raise InvalidInput(f"REFLEX_ATTN_WARPS must be one of {tuple(DECODE_WAVE_BLOCKS)}, got {warps}")
-    return 8 if warps == 8 and G <= 4 and max(hd, vd) <= 128 else 4
+    return 8 if warps == 8 and w8_takes(G, hd, vd) else 4
+
+
+def w8_takes(G: int, hd: int, vd: int) -> bool:
+    """Whether attn_decode_w8 has a path for G q heads a block of hd / vd dims (the paths that fit its registers)."""
+    return G <= 4 and max(hd, vd) <= 128
 
 
 def decode_splits(H: int, KVH: int, vd: int, hd: int | None = None) -> int:

@@ -95,7 +95,7 @@ def attn_decode(
     G = H // KVH // parts
     if warps is None:
         warps = dispatch.decode_warps(G, hd, vd)
-    if warps not in (4, 8) or (warps == 8 and (G > 4 or max(hd, vd) > 128)):
+    if warps not in dispatch.DECODE_WAVE_BLOCKS or (warps == 8 and not dispatch.w8_takes(G, hd, vd)):
         raise CudaError(f"attn_decode: {warps} warps a block for {G} q heads of {hd}/{vd} dims (8: at most 4 of 128)")
     fn = driver.module("attention").fn(kv_kernel("attn_decode" if warps == 4 else "attn_decode_w8", k_cache))
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(pos), i32(H), i32(KVH), i32(hd), i32(vd), f32(scale),
