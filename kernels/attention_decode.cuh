@@ -15,8 +15,8 @@ namespace {
 constexpr int FOLD_FLOATS = 4 * 32 * 8 + 4 * 8 * 128 + 4 * 8 * 2;
 
 // ---- decode ----------------------------------------------------------------------------------------------------
-// Block (b, split s), DW warps (4; 8 in attn_decode_w8): b = g * parts + part takes q heads [b * G, +G) of kv head g (G = H / KVH / parts).
-// The split's keys are dealt to warps in tiles of tk = 32 or 16 keys (warp w: tiles w, w+DW, ...); every warp keeps
+// Block (b, split s), DW warps (4; 8 in attn_decode_w8): b = g * parts + part takes q heads [b * G, +G) of kv head
+// g (G = H / KVH / parts). The split's keys are dealt to warps in tiles of tk = 32 or 16 keys (warp w: tiles w, w+DW, ...); every warp keeps
 // its own online softmax for GC q heads at once and the DW are merged at the end, so a block reads each K/V row once
 // from memory.
 // Lane `lane` owns dims 4*lane + 128*i (i < NI) of q, k, v and of the accumulators. Scores of a tile come in GC
